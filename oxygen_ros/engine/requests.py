@@ -1,0 +1,95 @@
+"""Language requests and the engine's result types: what a request is (kind, prompt, token budget), its lifecycle
+(pending -> active -> finished / rejected / dropped), and the three records the engine hands to its callbacks
+(`ActionResult`, `TokenEvent`, `RequestResult`, field names fixed by ARCHITECTURE.md). Pure Python + numpy; the ROS
+node imports these types without importing torch-heavy modules beyond what `oxygen_ros.engine` already needs.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+KINDS = ("subtask", "conversation", "memory")
+
+# finish reasons carried by RequestResult.finish_reason
+FINISH_EOS = "eos"              # the model produced the end-of-sequence token
+FINISH_LENGTH = "length"        # max_new_tokens reached
+FINISH_REJECTED = "rejected"    # never admitted (detail says why: too_large, max_wait, ...)
+FINISH_DROPPED = "dropped"      # pushed out of the bounded pending queue by newer requests
+FINISH_ERROR = "error"          # the cycle that owned it raised; its KV was freed
+FINISH_REASONS = (FINISH_EOS, FINISH_LENGTH, FINISH_REJECTED, FINISH_DROPPED, FINISH_ERROR)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """One action chunk, published as soon as denoising of its frame ends."""
+    frame_index: int
+    chunk_id: int
+    stamp: float                 # the observation's stamp (seconds) when it has one, else wall time at frame in
+    actions: np.ndarray          # [H, robot_dim] float32, un-normalised robot actions
+    latency_ms: float            # frame in (cycle start) -> chunk out
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated language token, streamed as soon as it is decoded."""
+    request_id: int
+    kind: str
+    frame_index: int             # the frame whose prefix the request reads
+    index: int                   # 0-based index of this token in the request's output
+    token_id: int
+    text: str                    # decoded text of this token alone ("" for EOS)
+    is_final: bool
+    stamp: float                 # wall time (time.time())
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """A request's end: finished (eos/length), rejected, dropped or failed."""
+    request_id: int
+    kind: str
+    frame_index: int             # -1 when it was never bound to a frame
+    prompt: str
+    text: str
+    token_ids: list
+    stamp: float                 # wall time (time.time())
+    finish_reason: str           # one of FINISH_REASONS
+    detail: str = ""             # why it was rejected / dropped / failed; "" otherwise
+
+
+_ids = itertools.count(1)
+_ids_lock = threading.Lock()
+
+
+def next_request_id() -> int:
+    with _ids_lock:
+        return next(_ids)
+
+
+@dataclass
+class LanguageRequest:
+    """A submitted request, before and while it is served. Mutable bookkeeping lives in kv.cache.RequestState."""
+    kind: str
+    prompt: str
+    max_new_tokens: int
+    request_id: int = field(default_factory=next_request_id)
+    submit_time: float = field(default_factory=time.perf_counter)   # monotonic, for latencies
+    submit_stamp: float = field(default_factory=time.time)          # wall
+    truncated: bool = False      # the prompt was cut to the engine's max_prompt_tokens
+    frames_waited: int = 0       # cycles it spent pending because the cache or batch was full
+    eos_token_id: Optional[int] = None   # None = the tokenizer's EOS
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown request kind {self.kind!r}; expected one of {KINDS}")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+    def result(self, finish_reason: str, *, frame_index: int = -1, text: str = "", token_ids=(),
+               detail: str = "") -> RequestResult:
+        return RequestResult(self.request_id, self.kind, frame_index, self.prompt, text, list(token_ids),
+                             time.time(), finish_reason, detail)
