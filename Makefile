@@ -1,0 +1,43 @@
+# The two commands of the README, each doing all set-up itself on a fresh machine:
+#   make demo   - the main job: the node on a tiny random-weight model fed by a replayed synthetic bag, live metrics
+#   make test   - the test suite (what .ci/run runs)
+# Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench, make clean.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# ament_index_python needs this (the PyPI wheels don't set it); the package share dir lives at $(VENV)/share.
+export AMENT_PREFIX_PATH := $(abspath $(VENV))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg oxygen_ros launch config scripts -type f \
+	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
+
+.PHONY: setup test demo bench ros-bench clean
+setup: $(VENV)/.package-stamp
+
+# Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
+$(VENV)/.deps-stamp: requirements.txt requirements-build.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt -r requirements-build.txt
+	touch $@
+
+# The package itself: CMake generates the messages; pip installs code, messages, launch/, config/, ament index.
+$(VENV)/.package-stamp: $(VENV)/.deps-stamp $(PKG_SOURCES)
+	$(PY) -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q -ra test $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/oxygen demo $(DEMO_ARGS)
+
+bench: setup
+	$(VENV)/bin/oxygen bench $(BENCH_ARGS)
+
+ros-bench: setup
+	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
+
+clean:
+	rm -rf build dist *.egg-info

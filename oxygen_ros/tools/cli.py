@@ -1,0 +1,47 @@
+"""The `oxygen` command: one entry point for the package's tools.
+
+  oxygen node [ROS args]        the lifecycle node (same as `oxygen_node` / `ros2 run oxygen_ros oxygen_node`)
+  oxygen demo [...]             the main job: node + replayed synthetic bag + questions + live metrics + plot
+  oxygen bench [...]            engine benchmark: isolated vs shared vs oxygen, side by side (no ROS needed)
+  oxygen make-bag [...]         write a synthetic multi-camera rosbag2
+  oxygen replay BAG [...]       republish a bag's raw messages at recorded timing (no `ros2 bag` needed)
+  oxygen ros-bench [...]        control-topic rate, jitter and camera-to-chunk latency through real DDS
+
+Each subcommand's module is imported only when it is used, so `oxygen bench` runs on a machine without ROS.
+"""
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "node": ("oxygen_ros.ros.node", "main"),
+    "demo": ("oxygen_ros.tools.demo", "main"),
+    "bench": ("oxygen_ros.engine.bench", "main"),
+    "make-bag": ("oxygen_ros.tools.bags", "make_bag_main"),
+    "replay": ("oxygen_ros.tools.bags", "replay_main"),
+    "ros-bench": ("oxygen_ros.tools.ros_bench", "main"),
+}
+
+
+def _default_ament_prefix() -> None:
+    """PyPI's ROS wheels don't set AMENT_PREFIX_PATH; point it at this environment when it holds our index entry."""
+    if os.environ.get("AMENT_PREFIX_PATH"):
+        return
+    marker = os.path.join(sys.prefix, "share", "ament_index", "resource_index", "packages", "oxygen_ros")
+    if os.path.exists(marker):
+        os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__.strip())
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    _default_ament_prefix()
+    module, func = COMMANDS[argv[0]]
+    result = getattr(importlib.import_module(module), func)(argv[1:])
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
