@@ -1,0 +1,209 @@
+"""Diagnostics for ``/diagnostics``: node counters + engine metrics -> levelled statuses.
+
+This file owns what the node reports and when it is OK/WARN/ERROR.  ``RateMeter`` counts events in a sliding
+window (Hz); ``Counters`` is a thread-safe bag of named counters (rejected inputs by reason, cycle errors, ...).
+``build_statuses(snapshot)`` is a pure function from a flat dict the node assembles each period to a list of
+``Status(name, level, message, values)``; ``to_msg`` turns them into a ``diagnostic_msgs/DiagnosticArray`` (the only
+ROS import, done lazily).  Status names are ``oxygen_node: control``, ``: inference``, ``: language``, ``: inputs``;
+every key/value is also listed in the README.  Levels:
+control ERROR when the node is not active, the newest observation is older than ``max_observation_age_s``
+(cameras stopped) or no chunk was ever produced after a grace period; WARN when the measured control rate is below
+80% of the configured rate.  inference ERROR when configure failed; WARN when cycles failed during the last period.
+language WARN when prompts were dropped/truncated/rejected during the last period.  inputs WARN when inputs were
+rejected during the last period (the totals stay in the values).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["OK", "WARN", "ERROR", "STALE", "RateMeter", "Counters", "Status", "build_statuses", "to_msg",
+           "HARDWARE_ID"]
+
+OK, WARN, ERROR, STALE = 0, 1, 2, 3
+HARDWARE_ID = "oxygen_ros"
+
+
+class RateMeter:
+    """Events per second over a sliding window (thread-safe)."""
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = float(window_s)
+        self._t: collections.deque[float] = collections.deque()
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def tick(self, now: float | None = None, n: int = 1) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            for _ in range(n):
+                self._t.append(now)
+            self.total += n
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        lo = now - self.window_s
+        while self._t and self._t[0] < lo:
+            self._t.popleft()
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._trim(now)
+            return len(self._t) / self.window_s
+
+
+class Counters:
+    """Named monotonically increasing counters; ``delta()`` gives increments since the previous call."""
+
+    def __init__(self):
+        self._c: dict[str, int] = collections.defaultdict(int)
+        self._prev: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._c[key] += n
+
+    def get(self, key: str) -> int:
+        with self._lock:
+            return self._c.get(key, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._c)
+
+    def delta(self) -> dict[str, int]:
+        with self._lock:
+            d = {k: v - self._prev.get(k, 0) for k, v in self._c.items()}
+            self._prev = dict(self._c)
+            return d
+
+
+@dataclass
+class Status:
+    name: str
+    level: int
+    message: str
+    values: dict = field(default_factory=dict)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _worst(*levels: int) -> int:
+    return max(levels) if levels else OK
+
+
+def build_statuses(s: dict) -> list[Status]:
+    """``s`` keys (all optional): state, configure_error, control_rate_hz (configured), control_rate_measured_hz,
+    chunks_published, inference_rate_hz, action_frequency_hz, cycle_latency_ms_p50/p99, observation_age_s,
+    max_observation_age_s, stale, cycles, cycle_errors, cycle_errors_delta, deadline_misses, tokens_per_s,
+    active_requests, prompt_queue, kv_used_fraction, kv_used_bytes, kv_capacity_bytes, counters (dict),
+    counters_delta (dict), engine (dict of engine metrics, reported under ``engine.``), uptime_s."""
+    state = s.get("state", "unconfigured")
+    counters = s.get("counters", {}) or {}
+    delta = s.get("counters_delta", {}) or {}
+    out: list[Status] = []
+
+    # control -----------------------------------------------------------------------------------------------------
+    target = float(s.get("control_rate_hz", 0.0) or 0.0)
+    measured = float(s.get("control_rate_measured_hz", 0.0) or 0.0)
+    age = s.get("observation_age_s")
+    max_age = float(s.get("max_observation_age_s", 0.0) or 0.0)
+    vals = {"state": state, "control_rate_hz": target, "control_rate_measured_hz": measured,
+            "chunks_published": s.get("chunks_published", 0), "held_messages": s.get("held_messages", 0),
+            "observation_age_s": -1.0 if age is None else float(age), "max_observation_age_s": max_age,
+            "action_frequency_hz": float(s.get("action_frequency_hz", 0.0) or 0.0),
+            "stale_behavior": s.get("stale_behavior", "")}
+    if state != "active":
+        lvl, msg = ERROR, f"node is {state}"
+        if s.get("configure_error"):
+            msg += f": {s['configure_error']}"
+    elif s.get("stale"):
+        lvl, msg = ERROR, (f"observation too old ({vals['observation_age_s']:.2f} s > {max_age:.2f} s): "
+                           "cameras stopped? no new action chunks")
+    elif age is None:
+        lvl, msg = WARN, "waiting for the first observation"
+    elif target > 0 and measured < 0.8 * target:
+        lvl, msg = WARN, f"control rate {measured:.1f} Hz below 80% of {target:.1f} Hz"
+    else:
+        lvl, msg = OK, f"publishing at {measured:.1f} Hz"
+    out.append(Status("oxygen_node: control", lvl, msg, vals))
+
+    # inference ---------------------------------------------------------------------------------------------------
+    vals = {"inference_rate_hz": float(s.get("inference_rate_hz", 0.0) or 0.0),
+            "cycles": s.get("cycles", 0), "cycle_errors": s.get("cycle_errors", 0),
+            "cycles_skipped_stale": counters.get("cycle_skipped_stale", 0),
+            "cycle_latency_ms_p50": s.get("cycle_latency_ms_p50", 0.0),
+            "cycle_latency_ms_p99": s.get("cycle_latency_ms_p99", 0.0),
+            "deadline_misses": s.get("deadline_misses", 0), "uptime_s": s.get("uptime_s", 0.0),
+            "model": s.get("model", ""), "engine_mode": s.get("engine_mode", "")}
+    for k, v in sorted((s.get("engine") or {}).items()):
+        if isinstance(v, (int, float, str, bool)):
+            vals[f"engine.{k}"] = v
+    if s.get("configure_error"):
+        lvl, msg = ERROR, f"configure failed: {s['configure_error']}"
+    elif state != "active":
+        lvl, msg = WARN, f"node is {state}"
+    elif s.get("cycle_errors_delta", 0):
+        lvl, msg = WARN, f"{s['cycle_errors_delta']} inference cycle(s) failed and were skipped"
+    else:
+        lvl, msg = OK, f"{vals['inference_rate_hz']:.1f} cycles/s"
+    out.append(Status("oxygen_node: inference", lvl, msg, vals))
+
+    # language ----------------------------------------------------------------------------------------------------
+    lang_keys = ("prompt_dropped", "prompt_truncated", "request_rejected", "kv_full")
+    vals = {"tokens_per_s": float(s.get("tokens_per_s", 0.0) or 0.0),
+            "active_requests": s.get("active_requests", 0), "prompt_queue": s.get("prompt_queue", 0),
+            "kv_used_fraction": float(s.get("kv_used_fraction", 0.0) or 0.0),
+            "kv_used_bytes": s.get("kv_used_bytes", 0), "kv_capacity_bytes": s.get("kv_capacity_bytes", 0),
+            "responses": counters.get("responses", 0), "memory_entries": counters.get("memory_entries", 0)}
+    for k in lang_keys:
+        vals[k] = counters.get(k, 0)
+    recent = {k: delta.get(k, 0) for k in lang_keys if delta.get(k, 0)}
+    if recent:
+        lvl, msg = WARN, ", ".join(f"{k} +{v}" for k, v in recent.items())
+    else:
+        lvl, msg = OK, f"{vals['tokens_per_s']:.1f} tokens/s, {vals['active_requests']} active"
+    out.append(Status("oxygen_node: language", lvl, msg, vals))
+
+    # inputs ------------------------------------------------------------------------------------------------------
+    vals = {k: v for k, v in sorted(counters.items()) if k.startswith("rejected.")}
+    vals["rejected_total"] = sum(v for k, v in counters.items() if k.startswith("rejected."))
+    for k in ("frames_received", "joint_states_received", "prompts_received", "instructions_received"):
+        vals[k] = counters.get(k, 0)
+    recent = {k: v for k, v in delta.items() if k.startswith("rejected.") and v}
+    if recent:
+        lvl, msg = WARN, "rejected: " + ", ".join(f"{k[len('rejected.'):]} +{v}" for k, v in sorted(recent.items()))
+    else:
+        lvl, msg = OK, "inputs ok"
+    out.append(Status("oxygen_node: inputs", lvl, msg, vals))
+    return out
+
+
+def overall_level(statuses: list[Status]) -> int:
+    return _worst(*(st.level for st in statuses))
+
+
+def to_msg(statuses: list[Status], stamp=None):
+    """DiagnosticArray with one DiagnosticStatus per Status (values as strings)."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue  # noqa: PLC0415
+
+    arr = DiagnosticArray()
+    if stamp is not None:
+        arr.header.stamp = stamp
+    for st in statuses:
+        d = DiagnosticStatus()
+        d.level = bytes([st.level])
+        d.name = st.name
+        d.message = st.message
+        d.hardware_id = HARDWARE_ID
+        d.values = [KeyValue(key=str(k), value=_fmt(v)) for k, v in st.values.items()]
+        arr.status.append(d)
+    return arr
