@@ -1,0 +1,199 @@
+"""Shared pytest set-up for the ROS tests: DDS isolation and helpers to run the node and a bag replay as processes.
+
+This file owns test-session plumbing only (no test logic).  At import it gives the whole session (and every
+subprocess it starts) its own ``ROS_DOMAIN_ID`` derived from the pid, ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``,
+``PYTHONPATH`` with the source tree and ``AMENT_PREFIX_PATH`` (PyPI ROS wheels do not set it).  Helpers:
+``NodeProcess`` (start ``python -m oxygen_ros.ros.node`` with ``config/oxygen.yaml`` plus overrides, log to a file,
+stop with SIGINT/SIGTERM and measure the exit time), ``start_replay`` (``oxygen replay`` as a process), the
+``ros`` fixture (an in-process rclpy node spun in a background thread, with ``collect``/``publisher``/``wait_for``
+helpers) and ``synthetic_bag`` (a short bag made once per session).  Tests needing ROS skip visibly when rclpy or the
+generated ``oxygen_ros.msg`` cannot be imported.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "config" / "oxygen.yaml"
+
+# -- per-session DDS isolation (set before anything imports rclpy) ----------------------------------------------------
+os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 100))
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                          if p and p != str(REPO)])
+if not os.environ.get("AMENT_PREFIX_PATH"):
+    os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+os.environ.setdefault("RCUTILS_COLORIZED_OUTPUT", "0")
+
+
+def require_ros():
+    """Skip (visibly) unless rclpy and the generated oxygen_ros messages import."""
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed in this environment")
+    pytest.importorskip("oxygen_ros.msg", reason="oxygen_ros messages are not built (run `make` / `pip install .`)")
+
+
+def _fmt_param(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt_param(x) if not isinstance(x, str) else f"'{x}'" for x in v) + "]"
+    return str(v)
+
+
+class NodeProcess:
+    """``python -m oxygen_ros.ros.node --ros-args --params-file config/oxygen.yaml -p k:=v ...`` as a subprocess."""
+
+    def __init__(self, log_path: Path, params: dict | None = None, params_file: Path | None = CONFIG,
+                 namespace: str = "", remaps: dict | None = None, extra_args=()):
+        self.log_path = Path(log_path)
+        cmd = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
+        if params_file is not None:
+            cmd += ["--params-file", str(params_file)]
+        for k, v in (params or {}).items():
+            cmd += ["-p", f"{k}:={_fmt_param(v)}"]
+        if namespace:
+            cmd += ["-r", f"__ns:={namespace}"]
+        for a, b in (remaps or {}).items():
+            cmd += ["-r", f"{a}:={b}"]
+        cmd += list(extra_args)
+        self.cmd = cmd
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.started = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> tuple[int | None, float]:
+        """Send ``sig``; return (exit code or None if it had to be killed, seconds to exit)."""
+        if self.proc.poll() is not None:
+            return self.proc.returncode, 0.0
+        t = time.monotonic()
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+            rc = None
+        self._log.close()
+        return rc, time.monotonic() - t
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.alive():
+            self.stop(timeout=5.0)
+
+
+def start_replay(bag, log_path: Path, *extra) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "oxygen_ros.tools.bags", "replay", str(bag), "--quiet", *map(str, extra)]
+    log = open(log_path, "ab")
+    return subprocess.Popen(cmd, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_proc(p: subprocess.Popen, timeout: float = 5.0) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+class RosHelper:
+    """An in-process rclpy node spun by a background executor; collects messages with their receive times."""
+
+    def __init__(self):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        self.rclpy = rclpy
+        if not rclpy.ok():
+            rclpy.init()
+        self.node = rclpy.create_node(f"oxygen_test_{os.getpid()}")
+        self._subs: list = []
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(self.node)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self):
+        while not self._stop.is_set() and self.rclpy.ok():
+            try:
+                self.executor.spin_once(timeout_sec=0.05)
+            except Exception:  # noqa: BLE001 - shutting down
+                if self._stop.is_set():
+                    return
+                raise
+
+    def collect(self, msg_type, topic: str, qos=50, keep=None) -> list:
+        """Subscribe; returns a list that receives (receive_time_monotonic, msg) tuples."""
+        out: list = []
+
+        def cb(m):
+            with self._lock:
+                out.append((time.monotonic(), m))
+                if keep and len(out) > keep:
+                    del out[: len(out) - keep]
+        self._subs.append(self.node.create_subscription(msg_type, topic, cb, qos))
+        return out
+
+    def publisher(self, msg_type, topic: str, qos=10):
+        return self.node.create_publisher(msg_type, topic, qos)
+
+    def now(self):
+        return self.node.get_clock().now()
+
+    @staticmethod
+    def wait_for(pred, timeout: float, interval: float = 0.05) -> bool:
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if pred():
+                return True
+            time.sleep(interval)
+        return bool(pred())
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self.executor.shutdown()
+        self.node.destroy_node()
+
+
+@pytest.fixture(scope="session")
+def ros():
+    pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed in this environment")
+    h = RosHelper()
+    yield h
+    h.close()
+    if h.rclpy.ok():
+        h.rclpy.shutdown()
+
+
+@pytest.fixture(scope="session")
+def synthetic_bag(tmp_path_factory):
+    from oxygen_ros.tools.bags import make_bag
+    out = tmp_path_factory.mktemp("bags") / "synthetic"
+    return make_bag(out, duration=6.0, fps=15.0, width=224, height=224)
