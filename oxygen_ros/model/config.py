@@ -1,0 +1,176 @@
+"""Configuration of the pi0.5 model: one frozen ``Pi05Config`` (vision / VLM / action-expert towers + top level) and
+named presets (``pi05`` = the real model exactly as in the reference, ``bench-cpu`` = the fixed benchmark model,
+``tiny`` = same architecture at toy widths for tests and the demo).  Every tensor shape in ``pi05.py`` is derived
+from these fields; nothing else in the package hard-codes a width, a head count or a token count.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+PREFIX_ATTENTION_MODES = ("upstream", "image_isolated")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """SigLIP vision tower (no pooling head)."""
+    width: int = 1152
+    depth: int = 27
+    num_heads: int = 16
+    mlp_dim: int = 4304
+    patch_size: int = 14
+    image_size: int = 224
+    layer_norm_eps: float = 1e-6
+
+    @property
+    def num_tokens(self) -> int:            # tokens per camera image, e.g. (224 // 14) ** 2 = 256
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
+class GemmaConfig:
+    """One Gemma tower (the VLM or the action expert).  Both towers must share num_kv_heads and head_dim
+    and num_heads (they attend in one joint attention per layer)."""
+    width: int = 2048
+    depth: int = 18
+    mlp_dim: int = 16384
+    num_heads: int = 8
+    num_kv_heads: int = 1
+    head_dim: int = 256
+    rms_norm_eps: float = 1e-6
+    adarms: bool = False                    # True for the action expert: adaRMSNorm conditioned on the time embedding
+
+
+@dataclass(frozen=True)
+class Pi05Config:
+    name: str = "pi05"
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    vlm: GemmaConfig = field(default_factory=GemmaConfig)
+    expert: GemmaConfig = field(default_factory=lambda: GemmaConfig(width=1024, depth=18, mlp_dim=4096, adarms=True))
+    vocab_size: int = 257152
+    num_cameras: int = 3
+    max_token_len: int = 200
+    action_dim: int = 32
+    action_horizon: int = 50
+    num_denoise_steps: int = 10
+    rope_theta: float = 10000.0
+    prefix_attention: str = "image_isolated"   # "upstream" (openpi-exact, bidirectional prefix) | "image_isolated"
+    dtype: str = "bfloat16"                     # compute / weight dtype; fp32 kept for the params listed in pi05.py
+    pad_id: int = 0
+    eos_id: int = 1
+    bos_id: int = 2
+    time_min_period: float = 4e-3
+    time_max_period: float = 4.0
+
+    def __post_init__(self):
+        if self.prefix_attention not in PREFIX_ATTENTION_MODES:
+            raise ValueError(f"prefix_attention must be one of {PREFIX_ATTENTION_MODES}, got {self.prefix_attention!r}")
+        v, e = self.vlm, self.expert
+        if (v.num_heads, v.num_kv_heads, v.head_dim) != (e.num_heads, e.num_kv_heads, e.head_dim):
+            raise ValueError("VLM and expert must have the same num_heads / num_kv_heads / head_dim (joint attention)")
+        if v.depth != e.depth:
+            raise ValueError("VLM and expert must have the same depth (one joint attention per layer)")
+        if v.num_heads % v.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.vision.width % self.vision.num_heads:
+            raise ValueError("vision width must be divisible by vision num_heads")
+        if self.vision.image_size % self.vision.patch_size:
+            raise ValueError("image_size must be a multiple of patch_size")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+    # ---- derived sizes -------------------------------------------------------------------------------------------
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return self.vlm.depth
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.vlm.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.vlm.head_dim
+
+    @property
+    def image_tokens_per_camera(self) -> int:
+        return self.vision.num_tokens
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.num_cameras * self.vision.num_tokens
+
+    @property
+    def prefix_len(self) -> int:            # full prefix length P for a max_token_len prompt
+        return self.num_image_tokens + self.max_token_len
+
+    @property
+    def image_size(self) -> int:
+        return self.vision.image_size
+
+    def replace(self, **kw) -> "Pi05Config":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Pi05Config":
+        d = dict(d)
+        d["vision"] = VisionConfig(**d.get("vision", {}))
+        d["vlm"] = GemmaConfig(**d.get("vlm", {}))
+        d["expert"] = GemmaConfig(**d.get("expert", {}))
+        return Pi05Config(**d)
+
+
+def _pi05() -> Pi05Config:
+    return Pi05Config()
+
+
+def _bench_cpu() -> Pi05Config:
+    # Fixed benchmark model: do not tune.
+    return Pi05Config(
+        name="bench-cpu",
+        vision=VisionConfig(width=256, depth=4, num_heads=4, mlp_dim=1024, patch_size=14, image_size=224),
+        vlm=GemmaConfig(width=256, depth=6, mlp_dim=1024, num_heads=4, num_kv_heads=1, head_dim=64),
+        expert=GemmaConfig(width=128, depth=6, mlp_dim=512, num_heads=4, num_kv_heads=1, head_dim=64, adarms=True),
+        vocab_size=8192, num_cameras=3, max_token_len=100, action_dim=32, action_horizon=10, num_denoise_steps=10,
+        dtype="float32",
+    )
+
+
+def _tiny() -> Pi05Config:
+    # Same architecture at toy widths: 2 layers per tower, patch 32 -> 7x7 = 49 tokens per camera.  max_token_len 96
+    # (not 48): the byte tokenizer spends one token per character and the action prompt with an 8-dim state is ~70.
+    return Pi05Config(
+        name="tiny",
+        vision=VisionConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=32, image_size=224),
+        vlm=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
+        expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16, adarms=True),
+        vocab_size=512, num_cameras=3, max_token_len=96, action_dim=32, action_horizon=10, num_denoise_steps=10,
+        dtype="float32",
+    )
+
+
+PRESETS = {"pi05": _pi05, "bench-cpu": _bench_cpu, "tiny": _tiny}
+
+
+def get_config(name: str = "pi05", **overrides) -> Pi05Config:
+    """Return a preset by name with top-level field overrides, e.g. ``get_config("pi05", action_horizon=10)``.
+    Tower overrides take a dict or a config: ``get_config("tiny", vlm={"depth": 3})``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    cfg = PRESETS[name]()
+    for tower, cls in (("vision", VisionConfig), ("vlm", GemmaConfig), ("expert", GemmaConfig)):
+        if isinstance(overrides.get(tower), dict):
+            overrides[tower] = dataclasses.replace(getattr(cfg, tower), **overrides[tower])
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Pi05Config)}
+    if unknown:
+        raise ValueError(f"unknown config fields: {sorted(unknown)}")
+    return dataclasses.replace(cfg, **overrides)

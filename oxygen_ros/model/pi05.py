@@ -1,0 +1,636 @@
+"""The pi0.5 network and its KV-cache primitives, in one readable file (gpt-fast style).
+
+``Pi05Model`` = SigLIP vision tower + projector + Gemma VLM + Gemma action expert with adaRMSNorm (Mixture of
+Transformers: per layer each tower computes its own Q/K/V, they are concatenated along the sequence, RoPE'd with shared
+position ids, attend in one attention, and are split back to each tower's own o_proj / MLP / norms).  Its
+``state_dict()`` keys, shapes and dtypes reproduce openpi's PyTorch pi0.5 exactly (see
+``test/data/pi05_openpi_state_dict.tsv``).  The engine drives it through explicit, stateless primitives:
+``prefill`` / ``prefill_images`` / ``extend_prefix`` build a dense prefix KV (``Prefix``), ``sample_actions`` runs S
+Euler steps of the expert that *read* the prefix KV and never write it, and ``decode`` computes one token for B rows
+whose K/V live in a caller-owned flat slot pool (``kv.k[l]`` / ``kv.v[l]``: ``[num_slots, Hkv, D]``), writing only the
+new token's K/V.  Shapes: B batch, C cameras, N image tokens per camera, P prefix length, L prompt length, H action
+horizon, A action dim, W width, Hq query heads, Hkv KV heads, D head dim, NL layers, V vocab.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import SiglipVisionConfig
+from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
+from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer, SiglipVisionEmbeddings
+
+from .config import GemmaConfig, Pi05Config
+
+# ------------------------------------------------------------------------------------------------------------------
+# Engine-facing data types (contract: ARCHITECTURE.md "Contract: model")
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prefix:
+    """Dense prefix KV as returned by prefill; never written by sample_actions / decode."""
+    k: list[Tensor]                 # NL x [B, P, Hkv, D]  (keys after RoPE)
+    v: list[Tensor]                 # NL x [B, P, Hkv, D]
+    mask: Tensor                    # [B, P] bool, True = valid token
+    positions: Tensor               # [B, P] long, RoPE positions (cumsum(mask) - 1)
+    next_position: Tensor           # [B] long, number of valid tokens = position of the first generated token
+    last_logits: Tensor | None = None   # [B, V] fp32 logits at the last *valid* position
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def select(self, rows: Tensor | list[int] | int) -> "Prefix":
+        """Rows of the batch (a copy), e.g. ``prefix.select([0])``."""
+        if isinstance(rows, int):
+            rows = [rows]
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
+        return Prefix([k[idx] for k in self.k], [v[idx] for v in self.v], self.mask[idx], self.positions[idx],
+                      self.next_position[idx], None if self.last_logits is None else self.last_logits[idx])
+
+    def expand(self, batch: int) -> "Prefix":
+        """Broadcast a batch-1 prefix to ``batch`` rows (views, no copy)."""
+        if self.batch_size == batch:
+            return self
+        if self.batch_size != 1:
+            raise ValueError(f"cannot broadcast a prefix of batch {self.batch_size} to {batch}")
+        ex = lambda t: t.expand(batch, *t.shape[1:])  # noqa: E731
+        return Prefix([ex(k) for k in self.k], [ex(v) for v in self.v], ex(self.mask), ex(self.positions),
+                      ex(self.next_position), None if self.last_logits is None else ex(self.last_logits))
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 = greedy.  Randomness (see ``decode``): with ``generator`` set, draws come from it (the caller
+    keeps one per request); else with ``seed`` set, the draw for a token is a pure function of (seed, position), so a
+    seeded request gives the same text however it is batched or chunked; else the global torch RNG."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class DecodeBatch:
+    token_ids: Tensor               # [B] long, the previous token of each row (its K/V is computed and written now)
+    positions: Tensor               # [B] long, RoPE position of that token
+    write_slots: Tensor             # [B] long, flat slot where its K/V goes
+    read_slots: Tensor              # [B, T] long, flat slots the row attends to, in position order, incl. write_slots
+    read_mask: Tensor               # [B, T] bool, False = padding
+    sampling: list[SamplingParams] | None = None   # None = greedy for all rows
+
+
+@dataclass
+class DecodeOutput:
+    next_ids: Tensor                # [B] long
+    logits: Tensor                  # [B, V] fp32
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# dtype plan: bf16 everywhere except these (openpi keeps them fp32)
+# ------------------------------------------------------------------------------------------------------------------
+
+_FP32_TOP = ("action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out.")
+
+
+def keeps_fp32(name: str) -> bool:
+    """True for the parameters openpi keeps in float32: SigLIP patch/position embeddings, all Gemma (ada)RMS norms,
+    the action projections and the time MLP."""
+    if name.startswith(_FP32_TOP):
+        return True
+    if "vision_model.embeddings." in name:
+        return True
+    if "vision_model" in name:
+        return False                 # SigLIP LayerNorms stay in the model dtype (as in openpi)
+    return "layernorm" in name or name.endswith("model.norm.weight") or ".model.norm.dense." in name
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Building blocks
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class AdaRMSNorm(nn.Module):
+    """adaRMSNorm: cond [B, Wc] -> dense -> (scale, shift, gate) each [B, W]; y = rms(x) * (1 + scale) + shift.
+    Returns (y, gate); the caller applies the gated residual x + gate * f(y)."""
+
+    def __init__(self, dim: int, cond_dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.dense = nn.Linear(cond_dim, 3 * dim)
+
+    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+        dtype = x.dtype
+        xf = x.float()
+        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mod = self.dense(cond.to(self.dense.weight.dtype))[:, None, :].float()    # [B, 1, 3W]
+        scale, shift, gate = mod.chunk(3, dim=-1)
+        return (xn * (1 + scale) + shift).to(dtype), gate.to(dtype)
+
+
+def _norm(norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    if isinstance(norm, AdaRMSNorm):
+        return norm(x, cond)
+    return norm(x), None
+
+
+class GemmaAttentionProj(nn.Module):
+    """Q/K/V/O projections of one tower (the attention itself is joint, see Pi05Model._layers)."""
+
+    def __init__(self, g: GemmaConfig):
+        super().__init__()
+        self.q_proj = nn.Linear(g.width, g.num_heads * g.head_dim, bias=False)
+        self.k_proj = nn.Linear(g.width, g.num_kv_heads * g.head_dim, bias=False)
+        self.v_proj = nn.Linear(g.width, g.num_kv_heads * g.head_dim, bias=False)
+        self.o_proj = nn.Linear(g.num_heads * g.head_dim, g.width, bias=False)
+
+
+class GemmaLayer(nn.Module):
+    def __init__(self, g: GemmaConfig, cond_dim: int | None):
+        super().__init__()
+        self.self_attn = GemmaAttentionProj(g)
+        self.mlp = GemmaMLP(SimpleNamespace(hidden_size=g.width, intermediate_size=g.mlp_dim,
+                                            hidden_act="gelu_pytorch_tanh"))
+        if g.adarms:
+            self.input_layernorm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps)
+            self.post_attention_layernorm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps)
+        else:
+            self.input_layernorm = GemmaRMSNorm(g.width, g.rms_norm_eps)
+            self.post_attention_layernorm = GemmaRMSNorm(g.width, g.rms_norm_eps)
+
+
+class GemmaTowerModel(nn.Module):
+    """``language_model`` (with embed_tokens) or ``gemma_expert.model`` (without)."""
+
+    def __init__(self, g: GemmaConfig, vocab_size: int | None, cond_dim: int | None):
+        super().__init__()
+        if vocab_size is not None:
+            self.embed_tokens = nn.Embedding(vocab_size, g.width)
+        self.layers = nn.ModuleList([GemmaLayer(g, cond_dim) for _ in range(g.depth)])
+        self.norm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps) if g.adarms else GemmaRMSNorm(g.width, g.rms_norm_eps)
+
+
+class SiglipVisionTransformer(nn.Module):
+    """SigLIP without pooling head, from transformers' blocks (keys: embeddings / encoder.layers / post_layernorm)."""
+
+    def __init__(self, vcfg: SiglipVisionConfig):
+        super().__init__()
+        self.embeddings = SiglipVisionEmbeddings(vcfg)
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList([SiglipEncoderLayer(vcfg) for _ in range(vcfg.num_hidden_layers)])
+        self.post_layernorm = nn.LayerNorm(vcfg.hidden_size, eps=vcfg.layer_norm_eps)
+
+    def forward(self, pixels: Tensor, dtype: torch.dtype) -> Tensor:
+        # pixels [n, 3, 224, 224] in [-1, 1] -> [n, N, Wv]
+        emb = self.embeddings
+        x = emb.patch_embedding(pixels.to(emb.patch_embedding.weight.dtype))        # [n, Wv, 16, 16] fp32
+        x = x.flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]    # [n, N, Wv]
+        x = x.to(dtype)
+        for layer in self.encoder.layers:
+            x = layer(x, None)
+        return self.post_layernorm(x)
+
+
+def _siglip_config(cfg: Pi05Config) -> SiglipVisionConfig:
+    v = cfg.vision
+    c = SiglipVisionConfig(hidden_size=v.width, num_hidden_layers=v.depth, num_attention_heads=v.num_heads,
+                           intermediate_size=v.mlp_dim, patch_size=v.patch_size, image_size=v.image_size,
+                           hidden_act="gelu_pytorch_tanh", layer_norm_eps=v.layer_norm_eps, vision_use_head=False)
+    c._attn_implementation = "sdpa"
+    return c
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x [B, T, h, D]; cos/sin [B, T, 1, D]  (rotate-half convention, as HF Gemma)
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Grouped-query attention with a boolean mask, scale D^-0.5.
+    q [B, T, Hq, D], k/v [B, S, Hkv, D], mask [B, T, S] (True = attend; every row must have one True) -> [B, T, Hq*D].
+    The G = Hq/Hkv query heads of a KV head are folded into the query length so SDPA sees [B, Hkv, G*T, D]."""
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
+    m = mask[:, None, None].expand(B, 1, G, T, mask.shape[-1]).reshape(B, 1, G * T, mask.shape[-1])
+    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m, scale=D ** -0.5)
+    return o.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * D)
+
+
+def _row_uniform(sp: SamplingParams, position: int) -> float:
+    if sp.generator is not None:
+        return torch.rand((), generator=sp.generator).item()
+    if sp.seed is not None:
+        h = hashlib.blake2b(f"{sp.seed}:{position}".encode(), digest_size=8).digest()
+        return (int.from_bytes(h, "little") >> 11) / float(1 << 53)
+    return torch.rand(()).item()
+
+
+def sample_tokens(logits: Tensor, sampling: list[SamplingParams] | None, positions: Tensor) -> Tensor:
+    """logits [B, V] fp32 -> ids [B].  Greedy rows by argmax; others by temperature + top-p (nucleus) with one
+    uniform draw per row (see SamplingParams), all vectorised except the scalar draws."""
+    greedy = logits.argmax(-1)
+    if not sampling or all(sp.temperature <= 0 for sp in sampling):
+        return greedy
+    if len(sampling) != logits.shape[0]:
+        raise ValueError(f"sampling has {len(sampling)} entries for {logits.shape[0]} rows")
+    dev = logits.device
+    temp = torch.tensor([max(sp.temperature, 1e-6) for sp in sampling], device=dev)
+    top_p = torch.tensor([sp.top_p for sp in sampling], device=dev)
+    pos = positions.tolist()
+    u = torch.tensor([_row_uniform(sp, p) if sp.temperature > 0 else 0.0 for sp, p in zip(sampling, pos)],
+                     device=dev, dtype=torch.float64)
+    probs = torch.softmax(logits.double() / temp[:, None], dim=-1)
+    sp_, idx = probs.sort(dim=-1, descending=True)
+    cum = sp_.cumsum(-1)
+    keep = (cum - sp_) < top_p[:, None]                       # always keeps the top token
+    sp_ = sp_ * keep
+    cdf = sp_.cumsum(-1)
+    target = u[:, None] * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)
+    sampled = idx.gather(-1, choice)[:, 0]
+    is_greedy = torch.tensor([sp.temperature <= 0 for sp in sampling], device=dev)
+    return torch.where(is_greedy, greedy, sampled)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The model
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class Pi05Model(nn.Module):
+    def __init__(self, cfg: Pi05Config):
+        super().__init__()
+        self.cfg = cfg
+        We = cfg.expert.width
+        pwe = nn.Module()                                   # paligemma_with_expert
+        pwe.paligemma = nn.Module()
+        pwe.paligemma.model = nn.Module()
+        pwe.paligemma.model.vision_tower = nn.Module()
+        pwe.paligemma.model.vision_tower.vision_model = SiglipVisionTransformer(_siglip_config(cfg))
+        pwe.paligemma.model.multi_modal_projector = nn.Module()
+        pwe.paligemma.model.multi_modal_projector.linear = nn.Linear(cfg.vision.width, cfg.vlm.width)
+        pwe.paligemma.model.language_model = GemmaTowerModel(cfg.vlm, cfg.vocab_size, None)
+        pwe.paligemma.lm_head = nn.Linear(cfg.vlm.width, cfg.vocab_size, bias=False)
+        pwe.gemma_expert = nn.Module()
+        pwe.gemma_expert.model = GemmaTowerModel(cfg.expert, None, We)
+        # Unused by pi0.5; kept so state_dict() keys match openpi's (costs V*We parameters).
+        pwe.gemma_expert.lm_head = nn.Linear(We, cfg.vocab_size, bias=False)
+        self.paligemma_with_expert = pwe
+        self.action_in_proj = nn.Linear(cfg.action_dim, We)
+        self.action_out_proj = nn.Linear(We, cfg.action_dim)
+        self.time_mlp_in = nn.Linear(We, We)
+        self.time_mlp_out = nn.Linear(We, We)
+        self._init_weights()
+        self.tie_weights()
+        self.apply_dtype_plan(cfg.torch_dtype)
+
+    # ---- structure helpers ---------------------------------------------------------------------------------------
+    @property
+    def vision(self) -> SiglipVisionTransformer:
+        return self.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+
+    @property
+    def projector(self) -> nn.Linear:
+        return self.paligemma_with_expert.paligemma.model.multi_modal_projector.linear
+
+    @property
+    def vlm(self) -> GemmaTowerModel:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def expert(self) -> GemmaTowerModel:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.paligemma_with_expert.paligemma.lm_head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vlm.layers[0].self_attn.q_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.vlm.embed_tokens.weight.device
+
+    def tie_weights(self) -> None:
+        """lm_head and embed_tokens are the same Parameter (state_dict lists both keys, as openpi's module does)."""
+        self.lm_head.weight = self.vlm.embed_tokens.weight
+
+    def apply_dtype_plan(self, dtype: torch.dtype) -> None:
+        """Cast every parameter to ``dtype`` except those openpi keeps in fp32 (``keeps_fp32``)."""
+        for name, p in self.named_parameters():           # dedups the tied pair: it is cast once
+            p.data = p.data.to(torch.float32 if keeps_fp32(name) else dtype)
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        # Random-init for the small presets: torch defaults for Linear/Conv/LayerNorm, N(0,1) embeddings, Gemma norms 0
+        # (i.e. scale 1), adaRMS gate bias 1 so the expert's residual branches are alive.
+        self.paligemma_with_expert.gemma_expert.lm_head.weight.zero_()       # unused; zeros, as after loading
+        for m in self.modules():
+            if isinstance(m, AdaRMSNorm):
+                w = m.dense.bias.shape[0] // 3
+                m.dense.bias.zero_()
+                m.dense.bias[2 * w:].fill_(1.0)
+                m.dense.weight.mul_(0.5)
+            elif isinstance(m, GemmaRMSNorm):
+                m.weight.zero_()
+
+    def _rope_cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        # positions [B, T] -> cos, sin [B, T, 1, D]
+        D = self.cfg.head_dim
+        inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, D, 2, device=positions.device,
+                                                               dtype=torch.float32) / D))
+        freqs = positions.clamp(min=0).float()[..., None] * inv_freq           # [B, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    # ---- embeddings ----------------------------------------------------------------------------------------------
+    def embed_images(self, images: Tensor, image_masks: Tensor) -> Tensor:
+        """images [B, C, 3, S, S] in [-1, 1], image_masks [B, C] -> [B, C*N, W] (not scaled).  Masked camera slots are
+        not run through the vision tower: their features are zeros and attention masks them out anyway."""
+        B, C = images.shape[:2]
+        N = self.cfg.image_tokens_per_camera
+        flat = images.reshape(B * C, *images.shape[2:])
+        valid = image_masks.reshape(B * C).nonzero().squeeze(1)
+        out = torch.zeros(B * C, N, self.cfg.vlm.width, dtype=self.dtype, device=images.device)
+        if valid.numel():
+            feats = self.vision(flat.index_select(0, valid), self.dtype)       # [n, N, Wv]
+            out[valid] = self.projector(feats).to(self.dtype)
+        return out.view(B, C * N, -1)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """tokens [B, L] -> [B, L, W], scaled by sqrt(W) (Gemma)."""
+        x = self.vlm.embed_tokens(tokens)
+        return (x * math.sqrt(x.shape[-1])).to(self.dtype)
+
+    def time_condition(self, t: Tensor) -> Tensor:
+        """t [B] in [0, 1] -> adaRMS condition [B, We] (sin/cos embedding -> time_mlp_in -> swish -> time_mlp_out -> swish)."""
+        We = self.cfg.expert.width
+        frac = torch.linspace(0.0, 1.0, We // 2, dtype=torch.float64, device=t.device)
+        period = self.cfg.time_min_period * (self.cfg.time_max_period / self.cfg.time_min_period) ** frac
+        ang = (2 * math.pi / period)[None, :] * t.double()[:, None]             # [B, We/2]
+        emb = torch.cat([torch.sin(ang), torch.cos(ang)], dim=1).float()
+        w = self.time_mlp_in.weight.dtype
+        h = F.silu(self.time_mlp_in(emb.to(w)))
+        return F.silu(self.time_mlp_out(h))
+
+    # ---- the joint MoT layer stack -------------------------------------------------------------------------------
+    def _layers(self, x_vlm: Tensor | None, x_exp: Tensor | None, cond: Tensor | None, positions: Tensor,
+                mask: Tensor, past_k: list[Tensor] | None = None, past_v: list[Tensor] | None = None,
+                keep_kv: bool = False, kv_hook=None):
+        """Run all layers over the tokens of the present towers.
+        x_vlm [B, Tv, Wv] | None, x_exp [B, Te, We] | None, cond [B, We] (expert only), positions [B, Tv+Te],
+        mask [B, Tv+Te, Sp+Tv+Te] bool (Sp = past length), past_k/v NL x [B, Sp, Hkv, D] (read only).
+        kv_hook(l, k, v) -> (k_all, v_all) replaces the past concat (used by decode).
+        Returns x_vlm, x_exp, new_k, new_v (NL x [B, Tv+Te, Hkv, D] if keep_kv)."""
+        cfg = self.cfg
+        Hq, Hkv, D = cfg.vlm.num_heads, cfg.num_kv_heads, cfg.head_dim
+        towers = []
+        if x_vlm is not None:
+            towers.append((self.vlm, 0))
+        if x_exp is not None:
+            towers.append((self.expert, 1))
+        xs = [x_vlm, x_exp]
+        conds = [None, cond]
+        dtype = (x_vlm if x_vlm is not None else x_exp).dtype
+        cos, sin = self._rope_cos_sin(positions, dtype)
+        new_k, new_v = [], []
+        for l in range(cfg.num_layers):
+            qs, ks, vs, gates, lens = [], [], [], [], []
+            for tower, i in towers:
+                layer = tower.layers[l]
+                h, gate = _norm(layer.input_layernorm, xs[i], conds[i])
+                B, T, _ = h.shape
+                qs.append(layer.self_attn.q_proj(h).view(B, T, Hq, D))
+                ks.append(layer.self_attn.k_proj(h).view(B, T, Hkv, D))
+                vs.append(layer.self_attn.v_proj(h).view(B, T, Hkv, D))
+                gates.append(gate)
+                lens.append(T)
+            q = qs[0] if len(qs) == 1 else torch.cat(qs, dim=1)                  # [B, T, Hq, D]
+            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)                  # [B, T, Hkv, D]
+            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            if keep_kv:
+                new_k.append(k)
+                new_v.append(v)
+            if kv_hook is not None:
+                k_all, v_all = kv_hook(l, k, v)
+            elif past_k is not None:
+                k_all = torch.cat([past_k[l].to(k.dtype), k], dim=1)
+                v_all = torch.cat([past_v[l].to(v.dtype), v], dim=1)
+            else:
+                k_all, v_all = k, v
+            a = attention(q, k_all, v_all, mask)                                # [B, T, Hq*D]
+            start = 0
+            for (tower, i), gate, T in zip(towers, gates, lens):
+                layer = tower.layers[l]
+                o = layer.self_attn.o_proj(a[:, start:start + T].to(layer.self_attn.o_proj.weight.dtype))
+                start += T
+                x = xs[i] + (o if gate is None else gate * o)
+                h, gate2 = _norm(layer.post_attention_layernorm, x, conds[i])
+                m = layer.mlp(h.to(layer.mlp.up_proj.weight.dtype))
+                xs[i] = x + (m if gate2 is None else gate2 * m)
+        return xs[0], xs[1], new_k, new_v
+
+    def _logits(self, h: Tensor) -> Tensor:
+        # h [B, W] -> fp32 logits [B, V] through the final norm and the tied LM head
+        h = self.vlm.norm(h)
+        return F.linear(h.to(self.lm_head.weight.dtype), self.lm_head.weight).float()
+
+    # ---- masks ---------------------------------------------------------------------------------------------------
+    def prefix_attention_mask(self, image_masks: Tensor, token_masks: Tensor) -> Tensor:
+        """[B, C] + [B, L] -> [B, P, P] bool.  upstream: every valid token sees every valid token.  image_isolated:
+        image tokens see valid image tokens only; prompt tokens see valid image tokens and earlier valid prompt
+        tokens.  Invalid tokens see only themselves (no empty softmax rows) and are seen by nobody."""
+        N = self.cfg.image_tokens_per_camera
+        img_valid = image_masks.bool().repeat_interleave(N, dim=1)                # [B, C*N]
+        valid = torch.cat([img_valid, token_masks.bool()], dim=1)                 # [B, P]
+        P = valid.shape[1]
+        both = valid[:, :, None] & valid[:, None, :]
+        if self.cfg.prefix_attention == "upstream":
+            m = both
+        else:
+            is_img = torch.zeros(P, dtype=torch.bool, device=valid.device)
+            is_img[: img_valid.shape[1]] = True
+            idx = torch.arange(P, device=valid.device)
+            allowed = is_img[None, :] | (~is_img[:, None] & (idx[None, :] <= idx[:, None]))   # [P, P]
+            m = both & allowed[None]
+        eye = torch.eye(P, dtype=torch.bool, device=valid.device)
+        return m | (eye[None] & ~valid[:, :, None])
+
+    # ---- primitives ------------------------------------------------------------------------------------------------
+    def _finish_prefix(self, k, v, mask, positions, h, want_logits, fallback_logits=None) -> Prefix:
+        last_logits = None
+        if want_logits:
+            if h is None:
+                last_logits = fallback_logits
+            else:
+                T = h.shape[1]
+                local_mask = mask[:, -T:]
+                idx = torch.arange(T, device=mask.device)
+                last = torch.where(local_mask, idx, -1).max(dim=-1).values                  # [B]
+                any_valid = last >= 0
+                hl = h[torch.arange(h.shape[0], device=h.device), last.clamp(min=0)]    # [B, W]
+                last_logits = self._logits(hl)
+                if fallback_logits is not None and not bool(any_valid.all()):
+                    last_logits = torch.where(any_valid[:, None], last_logits, fallback_logits)
+        next_position = mask.sum(dim=1)
+        return Prefix(k, v, mask, positions, next_position, last_logits)
+
+    @torch.no_grad()
+    def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
+                want_logits: bool = False) -> Prefix:
+        """images [B, C, 3, S, S] in [-1,1], image_masks [B, C] bool, tokens [B, L] long, token_masks [B, L] bool ->
+        Prefix with P = C*N + L (order: camera 0 .. C-1 image tokens, then the prompt)."""
+        image_masks, token_masks = image_masks.bool(), token_masks.bool()
+        x = torch.cat([self.embed_images(images, image_masks), self.embed_tokens(tokens)], dim=1)   # [B, P, W]
+        N = self.cfg.image_tokens_per_camera
+        valid = torch.cat([image_masks.repeat_interleave(N, dim=1), token_masks], dim=1)            # [B, P]
+        positions = valid.long().cumsum(dim=1) - 1
+        mask = self.prefix_attention_mask(image_masks, token_masks)
+        h, _, k, v = self._layers(x, None, None, positions, mask, keep_kv=True)
+        return self._finish_prefix(k, v, valid, positions, h if want_logits else None, want_logits)
+
+    @torch.no_grad()
+    def prefill_images(self, images: Tensor, image_masks: Tensor) -> Prefix:
+        """Image-only prefix (P = C*N) for image_isolated mode; extend it with prompts via ``extend_prefix``."""
+        if self.cfg.prefix_attention != "image_isolated":
+            raise ValueError("prefill_images/extend_prefix need cfg.prefix_attention == 'image_isolated' "
+                             "(in 'upstream' mode image tokens attend to the prompt)")
+        B = images.shape[0]
+        empty = torch.zeros(B, 0, dtype=torch.long, device=images.device)
+        return self.prefill(images, image_masks, empty, empty.bool())
+
+    @torch.no_grad()
+    def extend_prefix(self, prefix: Prefix, tokens: Tensor, token_masks: Tensor, want_logits: bool = False) -> Prefix:
+        """Prompt tokens [B2, L] on top of an existing prefix (batch 1 broadcasts to B2): they attend the valid prefix
+        and earlier valid prompt tokens (causal), exactly as prompt tokens do in image_isolated prefill.  Returns the
+        concatenated prefix [B2, P + L]; the input prefix is not modified."""
+        if self.cfg.prefix_attention != "image_isolated":
+            raise ValueError("extend_prefix needs cfg.prefix_attention == 'image_isolated'")
+        B2, L = tokens.shape
+        prefix = prefix.expand(B2)
+        token_masks = token_masks.bool()
+        P = prefix.length
+        positions = prefix.next_position[:, None] + token_masks.long().cumsum(dim=1) - 1      # [B2, L]
+        idx = torch.arange(L, device=tokens.device)
+        causal = (idx[None, :] <= idx[:, None])[None] & token_masks[:, None, :] & token_masks[:, :, None]
+        causal = causal | (torch.eye(L, dtype=torch.bool, device=tokens.device)[None] & ~token_masks[:, :, None])
+        old = prefix.mask[:, None, :] & token_masks[:, :, None]                                  # [B2, L, P]
+        mask = torch.cat([old, causal], dim=2)                                                   # [B2, L, P+L]
+        h, _, k, v = self._layers(self.embed_tokens(tokens), None, None, positions, mask,
+                                  past_k=prefix.k, past_v=prefix.v, keep_kv=True)
+        k = [torch.cat([pk.to(nk.dtype), nk], dim=1) for pk, nk in zip(prefix.k, k)]
+        v = [torch.cat([pv.to(nv.dtype), nv], dim=1) for pv, nv in zip(prefix.v, v)]
+        mask_all = torch.cat([prefix.mask, token_masks], dim=1)
+        pos_all = torch.cat([prefix.positions, positions], dim=1)
+        out = self._finish_prefix(k, v, mask_all, pos_all, h if want_logits else None, want_logits,
+                                  fallback_logits=prefix.last_logits)
+        return out
+
+    @torch.no_grad()
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None) -> Tensor:
+        """noise [B, H, A] -> actions [B, H, A] (fp32) by S Euler steps from t=1 to t=0 (dt = -1/S, x += dt * v).
+        The H action tokens attend the valid prefix and each other; their positions continue at next_position.
+        The prefix KV is only read (a batch-1 prefix broadcasts to B)."""
+        S = num_steps or self.cfg.num_denoise_steps
+        B, H, _ = noise.shape
+        prefix = prefix.expand(B)
+        positions = prefix.next_position[:, None] + torch.arange(H, device=noise.device)[None]      # [B, H]
+        mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
+                          torch.ones(B, H, H, dtype=torch.bool, device=noise.device)], dim=2)       # [B, H, P+H]
+        dt = -1.0 / S
+        x = noise.float()
+        t = 1.0
+        for _ in range(S):
+            v = self.velocity(prefix, x, torch.full((B,), t, device=noise.device), positions, mask)
+            x = x + dt * v
+            t += dt
+        return x
+
+    def velocity(self, prefix: Prefix, x_t: Tensor, t: Tensor, positions: Tensor | None = None,
+                 mask: Tensor | None = None) -> Tensor:
+        """One denoise step: x_t [B, H, A] at times t [B] -> velocity [B, H, A] fp32 (prefix read-only)."""
+        B, H, _ = x_t.shape
+        if positions is None:
+            positions = prefix.next_position[:, None] + torch.arange(H, device=x_t.device)[None]
+        if mask is None:
+            mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
+                              torch.ones(B, H, H, dtype=torch.bool, device=x_t.device)], dim=2)
+        cond = self.time_condition(t)                                                         # [B, We] fp32
+        x = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)      # [B, H, We]
+        _, h, _, _ = self._layers(None, x, cond, positions, mask, past_k=prefix.k, past_v=prefix.v)
+        h, _ = self.expert.norm(h, cond)
+        return self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+
+    @torch.no_grad()
+    def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
+        """One token for B rows.  Computes the K/V of ``batch.token_ids`` at ``batch.positions``, writes them to
+        ``kv.k[l][write_slots]`` / ``kv.v[l][write_slots]`` (the only write), gathers ``read_slots`` (which include
+        the write slot) and attends with ``read_mask``.  Returns the next ids (greedy or ``sampling``) and fp32 logits."""
+        ids, pos = batch.token_ids, batch.positions
+        x = self.embed_tokens(ids[:, None])                                                   # [B, 1, W]
+        mask = batch.read_mask.bool()[:, None, :]                                            # [B, 1, T]
+        ws, rs = batch.write_slots, batch.read_slots
+
+        def kv_hook(l, k, v):                                   # k/v [B, 1, Hkv, D]
+            kl, vl = kv.k[l], kv.v[l]
+            kl.index_copy_(0, ws, k[:, 0].to(kl.dtype))
+            vl.index_copy_(0, ws, v[:, 0].to(vl.dtype))
+            return kl[rs].to(k.dtype), vl[rs].to(v.dtype)      # [B, T, Hkv, D]
+
+        h, _, _, _ = self._layers(x, None, None, pos[:, None], mask, kv_hook=kv_hook)
+        logits = self._logits(h[:, 0])
+        return DecodeOutput(sample_tokens(logits, batch.sampling, pos), logits)
+
+    # ---- joint forward (openpi-style: both towers in one pass; used for training-style velocity) -----------------
+    def forward(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor, x_t: Tensor,
+                t: Tensor) -> Tensor:
+        """One joint MoT pass over [prefix | suffix] with the full block mask -> velocity [B, H, A] fp32."""
+        image_masks, token_masks = image_masks.bool(), token_masks.bool()
+        B, H, _ = x_t.shape
+        x_pre = torch.cat([self.embed_images(images, image_masks), self.embed_tokens(tokens)], dim=1)
+        N = self.cfg.image_tokens_per_camera
+        valid = torch.cat([image_masks.repeat_interleave(N, dim=1), token_masks], dim=1)
+        P = valid.shape[1]
+        pre_pos = valid.long().cumsum(dim=1) - 1
+        suf_pos = valid.sum(1, keepdim=True) + torch.arange(H, device=x_t.device)[None]
+        positions = torch.cat([pre_pos, suf_pos], dim=1)
+        mask = torch.zeros(B, P + H, P + H, dtype=torch.bool, device=x_t.device)
+        mask[:, :P, :P] = self.prefix_attention_mask(image_masks, token_masks)
+        mask[:, P:, :P] = valid[:, None, :]
+        mask[:, P:, P:] = True
+        cond = self.time_condition(t)
+        x_suf = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)
+        _, h, _, _ = self._layers(x_pre, x_suf, cond, positions, mask)
+        h, _ = self.expert.norm(h, cond)
+        return self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+
+
+def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
+                seed: int = 0) -> Pi05Model:
+    """A randomly initialised model (deterministic for a seed) in eval mode.  ``dtype`` overrides cfg.dtype."""
+    if dtype is not None:
+        cfg = cfg.replace(dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."))
+    with torch.device("cpu"):
+        torch.manual_seed(seed)
+        model = Pi05Model(cfg)
+    return model.to(device).eval()
