@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ImageError", "image_to_rgb8", "image_to_rgb8_numpy", "rgb_to_image", "ENCODINGS", "have_cv_bridge",
+__all__ = ["ImageError", "image_to_rgb8", "validate_image", "image_to_rgb8_numpy", "rgb_to_image", "ENCODINGS",
+           "have_cv_bridge",
            "MAX_DIMENSION"]
 
 # Anything larger is treated as a corrupt header rather than a camera frame (protects against huge allocations).
@@ -89,7 +90,8 @@ def have_cv_bridge() -> bool:
     return _BRIDGE is not None
 
 
-def _validate(msg) -> tuple[_Enc, int, int, int]:
+def validate_image(msg) -> tuple[_Enc, int, int, int]:
+    """Check a message's header fields against its data (cheap, no pixel access); raises ImageError."""
     enc_name = str(msg.encoding)
     enc = ENCODINGS.get(enc_name)
     if enc is None:
@@ -128,7 +130,7 @@ def _as_bytes(data) -> np.ndarray:
 
 def image_to_rgb8_numpy(msg) -> np.ndarray:
     """Convert with numpy only (the path used where the ROS 2 cv_bridge is not installed)."""
-    enc, h, w, step = _validate(msg)
+    enc, h, w, step = validate_image(msg)
     buf = _as_bytes(msg.data)[: step * h]
     rows = buf.reshape(h, step)[:, : w * enc.channels * enc.itemsize]
     if enc.itemsize == 1:
@@ -161,7 +163,7 @@ def image_to_rgb8(msg, use_cv_bridge: bool | None = None) -> np.ndarray:
         return image_to_rgb8_numpy(msg)
     if use_cv_bridge and not have_cv_bridge():
         raise RuntimeError("the ROS 2 cv_bridge is not installed")
-    _validate(msg)  # same reasons and messages on both paths
+    validate_image(msg)  # same reasons and messages on both paths
     if str(msg.encoding) not in _CV_BRIDGE_ENCODINGS:
         return image_to_rgb8_numpy(msg)
     try:
