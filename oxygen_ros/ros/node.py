@@ -75,6 +75,8 @@ PARAMETERS: dict[str, tuple] = {
     "adaptive_k": (_B, False, "Deadline-aware k from the frame period (needs frame_rate_hz > 0).", None),
     "max_new_tokens": (_I, 32, "Max generated tokens per language request.", (1, 4096)),
     "kv_budget_mb": (_D, 0.0, "KV pool size in MiB; 0 = the engine's default.", (0.0, 1.0e6)),
+    "max_wait_cycles": (_I, 0, "Reject a language request that waited this many cycles for KV/batch capacity; "
+                               "0 = wait (the engine's bounded queue drops the oldest).", (0, 1_000_000)),
     "control_rate_hz": (_D, 70.0, "action_chunk publication rate.", (1.0, 1000.0)),
     "frame_rate_hz": (_D, 15.0, "Max inference cycles per second; 0 = one per new frame.", (0.0, 1000.0)),
     "max_observation_age_s": (_D, 0.5, "Frames older than this are not used; no new chunks, diagnostics ERROR.",
@@ -425,6 +427,7 @@ class OxygenNode(LifecycleNode):
             denoise_steps=int(self.p("denoise_steps")) or None,
             seed=seed,
             memory_interval_s=mem_int if mem_int > 0 else None,
+            max_wait_frames=int(self.p("max_wait_cycles")) or None,
             memory_prompt=self.p("memory_prompt"),
         )
         engine = Engine(model, processor, ec, on_actions=self._on_actions, on_token=self._on_token,
@@ -708,7 +711,8 @@ class OxygenNode(LifecycleNode):
         if res.finish_reason in ("rejected", "dropped", "error"):
             key = {"rejected": "request_rejected", "dropped": "prompt_dropped", "error": "request_error"}
             self.counters.inc(key[res.finish_reason])
-            if res.finish_reason == "rejected" and "kv" in (getattr(res, "detail", "") or "").lower():
+            detail = (getattr(res, "detail", "") or "").lower()
+            if res.finish_reason == "rejected" and ("kv" in detail or "too_large" in detail):
                 self.counters.inc("kv_full")
             self.get_logger().warn(f"{res.kind} request {res.request_id} {res.finish_reason}: "
                                    f"{getattr(res, 'detail', '')}", throttle_duration_sec=2.0)
