@@ -44,8 +44,10 @@ def require_ros():
 def _fmt_param(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, str):              # YAML single-quoted: keeps '' and numeric-looking strings strings
+        return "'" + v.replace("'", "''") + "'"
     if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_fmt_param(x) if not isinstance(x, str) else f"'{x}'" for x in v) + "]"
+        return "[" + ",".join(_fmt_param(x) for x in v) + "]"
     return str(v)
 
 

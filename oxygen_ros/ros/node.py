@@ -909,7 +909,6 @@ def _throttle_python_logging() -> None:
     import warnings  # noqa: PLC0415
 
     logging.captureWarnings(True)               # warnings.warn -> logging "py.warnings", throttled below
-    warnings.simplefilter("default")
     f = _ThrottleLogFilter()
     root = logging.getLogger()
     if not root.handlers:

@@ -1,0 +1,122 @@
+"""Lifecycle and capacity tests of ``oxygen_node`` as a separate process: a missing or corrupt checkpoint makes
+``configure`` fail with a clear message (autostart: exit status 2); with ``autostart: false`` the node waits
+unconfigured (diagnostics ERROR) until a lifecycle manager configures and activates it through the standard
+``~/change_state`` service, and deactivation stops ``action_chunk``; with a deliberately tiny KV pool a burst of
+conversation prompts is rejected for capacity (counted) while actions keep their rate.  Same ``config/oxygen.yaml``
+as everything else, plus overrides.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from conftest import NodeProcess, require_ros, start_replay, stop_proc
+
+require_ros()
+
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from lifecycle_msgs.msg import Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+from oxygen_ros.msg import ActionChunk  # noqa: E402
+
+from test_node import BASE_PARAMS, RATE, STARTUP_S, diag_values  # noqa: E402
+
+
+def test_missing_and_corrupt_checkpoint_fail_configure(tmp_path):
+    bad = tmp_path / "corrupt_ckpt"
+    bad.mkdir()
+    (bad / "config.json").write_text("{ this is not json")
+    (bad / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    procs = {
+        "missing": NodeProcess(tmp_path / "missing.log", {"checkpoint": str(tmp_path / "no_such_dir"),
+                                                          "memory_db": ""}),
+        "corrupt": NodeProcess(tmp_path / "corrupt.log", {"checkpoint": str(bad), "memory_db": ""}),
+    }
+    for name, p in procs.items():
+        try:
+            rc = p.proc.wait(STARTUP_S)
+        except Exception:  # noqa: BLE001
+            p.stop(signal.SIGKILL)
+            raise AssertionError(f"{name}: node did not exit after a failed configure\n{p.log()[-2000:]}")
+        log = p.log()
+        assert rc == 2, f"{name}: exit status {rc}\n{log[-2000:]}"
+        assert "configure failed" in log and "checkpoint" in log, log[-2000:]
+    assert "not found" in procs["missing"].log()
+    assert str(bad) in procs["corrupt"].log()
+
+
+def _call(ros, client, req, timeout=30.0):
+    assert client.wait_for_service(timeout_sec=timeout), f"service {client.srv_name} not available"
+    fut = client.call_async(req)
+    assert ros.wait_for(fut.done, timeout), f"{client.srv_name} did not answer"
+    return fut.result()
+
+
+def _transition(ros, client, tid, timeout=STARTUP_S):
+    req = ChangeState.Request()
+    req.transition = Transition(id=tid)
+    return _call(ros, client, req, timeout).success
+
+
+def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
+    params = {**BASE_PARAMS, "autostart": False, "memory_db": "", "memory_interval_s": 0.0,
+              "kv_budget_mb": 0.12, "max_wait_cycles": 3, "max_new_tokens": 24, "prompt_queue_size": 64}
+    chunks = ros.collect(ActionChunk, "action_chunk", qos=200, keep=3000)
+    diags = ros.collect(DiagnosticArray, "/diagnostics", qos=50, keep=20)
+    change = ros.node.create_client(ChangeState, "oxygen_node/change_state")
+    get = ros.node.create_client(GetState, "oxygen_node/get_state")
+    node = NodeProcess(tmp_path / "node.log", params)
+    replay = start_replay(synthetic_bag, tmp_path / "replay.log", "--loop", "--exclude", "/conversation/prompt")
+    try:
+        assert ros.wait_for(lambda: len(diags) > 0, STARTUP_S), node.log()[-2000:]
+        d = diag_values(diags[-1][1])
+        assert d["oxygen_node: control"][0] == 2 and "unconfigured" in d["oxygen_node: control"][1]
+        time.sleep(1.0)
+        assert not chunks, "an unconfigured node publishes nothing"
+        assert _call(ros, get, GetState.Request()).current_state.label == "unconfigured"
+
+        assert _transition(ros, change, Transition.TRANSITION_CONFIGURE), node.log()[-2000:]
+        assert _call(ros, get, GetState.Request()).current_state.label == "inactive"
+        time.sleep(0.5)
+        assert not chunks, "an inactive node publishes nothing"
+        assert _transition(ros, change, Transition.TRANSITION_ACTIVATE)
+        assert ros.wait_for(lambda: len(chunks) > 20, 60), node.log()[-2000:]
+
+        # KV capacity: a burst of questions against a tiny pool -> rejected (counted), actions unaffected
+        pub = ros.publisher(String, "conversation/prompt", qos=100)
+        time.sleep(0.5)
+        for i in range(40):
+            pub.publish(String(data=f"Please describe everything you can see in great detail, item {i}."))
+
+        def counter(key):
+            for _, m in list(diags)[-1:]:
+                for st in diag_values(m).values():
+                    if key in st[2]:
+                        return float(st[2][key])
+            return 0.0
+        assert ros.wait_for(lambda: counter("request_rejected") > 0 and counter("kv_full") > 0, 60), \
+            node.log()[-3000:]
+        t0 = time.monotonic()
+        time.sleep(3.0)
+        rate = len([1 for t, _ in list(chunks) if t >= t0]) / 3.0
+        assert rate >= 0.8 * RATE, f"actions at {rate:.1f} Hz while language was rejected for KV"
+        assert "rejected" in node.log()
+
+        assert _transition(ros, change, Transition.TRANSITION_DEACTIVATE)
+        time.sleep(0.5)
+        t1 = time.monotonic()
+        time.sleep(1.0)
+        assert not [1 for t, _ in list(chunks) if t >= t1], "a deactivated node stops publishing action_chunk"
+        assert node.alive()
+        rc, dt = node.stop(signal.SIGINT)
+        assert rc == 0 and dt < 5.0, f"rc {rc}, {dt:.1f} s"
+    finally:
+        stop_proc(replay)
+        if node.alive():
+            node.stop(signal.SIGKILL)
+        ros.node.destroy_client(change)
+        ros.node.destroy_client(get)
