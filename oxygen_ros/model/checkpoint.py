@@ -155,7 +155,8 @@ def load_state_dict_into(model: Pi05Model, sd: dict, device: torch.device | str 
         sd.pop(LM_HEAD, None)
     expected = _expected(model)
     check_state_dict(sd, expected)
-    tensors = {k: sd[k].to(device=device, dtype=expected[k][1]).contiguous() for k in expected}
+    # copy=True: fresh, aligned storage per tensor (views into the file buffer can take other BLAS paths)
+    tensors = {k: sd[k].to(device=device, dtype=expected[k][1], copy=True).contiguous() for k in expected}
     dev = torch.device(device)
     head = model.paligemma_with_expert.gemma_expert.lm_head
     tensors[EXPERT_LM_HEAD] = torch.zeros(head.weight.shape, dtype=head.weight.dtype, device=dev)
@@ -211,6 +212,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
     with torch.device("meta"):
         model = Pi05Model(cfg)
     model = load_state_dict_into(model, sd, device).eval()
+    model.requires_grad_(False)
 
     norm_stats = None
     ns_file = os.path.join(path, "assets", asset_id, "norm_stats.json") if asset_id else _find_norm_stats(path)

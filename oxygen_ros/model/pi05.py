@@ -633,4 +633,5 @@ def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torc
     with torch.device("cpu"):
         torch.manual_seed(seed)
         model = Pi05Model(cfg)
+    model.requires_grad_(False)
     return model.to(device).eval()

@@ -1,0 +1,169 @@
+"""Checkpoint IO of ``oxygen_ros/model/checkpoint.py`` on tiny models saved in the real file layouts: openpi
+(``model.safetensors`` with the tied weight stored only as ``paligemma.lm_head.weight`` + ``config.json`` +
+``assets/<id>/norm_stats.json``) and LeRobot (``model.`` prefix, older ``action_time_mlp_*`` names) load back
+bit-exactly with the fp32 dtype plan; the unused expert lm_head is ignored; corrupted, mismatched and missing files
+fail with a ``CheckpointError`` that lists the offending keys; nothing is ever unpickled.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from oxygen_ros.model import (ByteTokenizer, CheckpointError, NormStats, build_model, get_config, load_checkpoint,
+                              save_checkpoint)
+from oxygen_ros.model.checkpoint import EMBED, EXPERT_LM_HEAD, LM_HEAD
+
+STATS = NormStats.from_dict({"norm_stats": {"state": {"mean": [0, 0], "std": [1, 1], "q01": [-1, -2],
+                                                      "q99": [1, 2]},
+                                            "actions": {"q01": [0, 0, 0], "q99": [1, 2, 3]}}})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model(get_config("tiny"), seed=4)
+
+
+def same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k
+    return True
+
+
+def outputs(model):
+    S = model.cfg.image_size
+    g = torch.Generator().manual_seed(0)
+    prefix = model.prefill(torch.rand(1, 3, 3, S, S, generator=g), torch.tensor([[True, False, True]]),
+                           torch.randint(3, 300, (1, 8), generator=g), torch.ones(1, 8, dtype=torch.bool),
+                           want_logits=True)
+    return prefix.last_logits, model.sample_actions(prefix, torch.ones(1, model.cfg.action_horizon,
+                                                                        model.cfg.action_dim), 2)
+
+
+@pytest.mark.parametrize("layout", ["openpi", "lerobot"])
+def test_round_trip_bit_exact(tiny, tmp_path, layout):
+    save_checkpoint(tiny, tmp_path, layout=layout, norm_stats=STATS)
+    keys = load_file(tmp_path / "model.safetensors")
+    prefix = "model." if layout == "lerobot" else ""
+    assert prefix + LM_HEAD in keys and prefix + EMBED not in keys      # tied weight stored once, as lm_head
+    assert all(k.startswith(prefix) for k in keys)
+    policy = load_checkpoint(tmp_path)
+    model, cfg, stats, tok = policy
+    assert cfg == tiny.cfg
+    assert same_weights(tiny, model)
+    assert model.lm_head.weight is model.vlm.embed_tokens.weight
+    for a, b in zip(outputs(tiny), outputs(model)):
+        assert torch.equal(a, b)
+    assert np.allclose(stats.actions.q99, [1, 2, 3]) and isinstance(tok, ByteTokenizer)
+
+
+def test_bf16_checkpoint_keeps_fp32_plan(tmp_path):
+    m = build_model(get_config("tiny"), dtype="bfloat16", seed=5)
+    save_checkpoint(m, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["precision"] == "bfloat16" and cfg["action_horizon"] == 10 and cfg["action_dim"] == 32
+    loaded = load_checkpoint(tmp_path).model
+    assert same_weights(m, loaded)
+    assert loaded.time_mlp_in.weight.dtype == torch.float32 and loaded.vlm.embed_tokens.weight.dtype == torch.bfloat16
+    up = load_checkpoint(tmp_path, dtype=torch.float32).model           # upcast on request
+    assert up.vlm.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(up.vlm.embed_tokens.weight, m.vlm.embed_tokens.weight.float())
+
+
+def test_lerobot_old_names_and_expert_head_ignored(tiny, tmp_path):
+    sd = {("model." + k).replace("model.time_mlp_", "model.action_time_mlp_"): v.contiguous()
+          for k, v in tiny.state_dict().items() if k != EMBED}
+    sd["model." + EXPERT_LM_HEAD] = torch.randn_like(sd["model." + EXPERT_LM_HEAD])     # garbage: unused
+    assert "model.action_time_mlp_in.weight" in sd
+    save_file(sd, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi05", "chunk_size": 10, "max_action_dim": 32,
+                                                      "dtype": "float32", "oxygen_preset": "tiny"}))
+    loaded = load_checkpoint(tmp_path).model
+    for k, v in tiny.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+
+
+def test_openpi_config_json_maps_to_pi05(tmp_path):
+    from oxygen_ros.model.checkpoint import config_from_json
+    cfg = config_from_json({"action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b",
+                            "action_expert_variant": "gemma_300m", "precision": "bfloat16"})
+    assert cfg.name == "pi05" and cfg.action_horizon == 10 and cfg.dtype == "bfloat16" and cfg.vocab_size == 257152
+    with pytest.raises(CheckpointError, match="variants"):
+        config_from_json({"action_dim": 32, "paligemma_variant": "gemma_2b_lora", "action_expert_variant": "x"})
+
+
+def _save_mutated(tiny, path, mutate):
+    sd = {k: v.contiguous() for k, v in tiny.state_dict().items() if k != EMBED}
+    mutate(sd)
+    save_file(sd, os.path.join(path, "model.safetensors"))
+    save_checkpoint_config(tiny, path)
+
+
+def save_checkpoint_config(model, path):
+    from oxygen_ros.model.checkpoint import config_to_json
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_json(model.cfg, "openpi"), f)
+
+
+def test_mismatched_keys_are_listed(tiny, tmp_path):
+    q = "paligemma_with_expert.paligemma.model.language_model.layers.1.self_attn.q_proj.weight"
+    n = "paligemma_with_expert.gemma_expert.model.norm.dense.bias"
+
+    def mutate(sd):
+        del sd[q]
+        sd["paligemma_with_expert.some_new.weight"] = torch.zeros(3)
+        sd[n] = torch.zeros(7)
+    _save_mutated(tiny, tmp_path, mutate)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path)
+    msg = str(e.value)
+    assert "1 missing, 1 unexpected, 1 mis-shaped" in msg
+    assert q in msg and "paligemma_with_expert.some_new.weight" in msg and f"{n}: file (7,)" in msg
+
+
+def test_wrong_preset_is_a_shape_error(tiny, tmp_path):
+    save_checkpoint(tiny, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["oxygen_config"]["vlm"]["mlp_dim"] = 96
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="mis-shaped"):
+        load_checkpoint(tmp_path)
+
+
+def test_missing_and_corrupt_files(tiny, tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_checkpoint(tmp_path)
+    save_checkpoint(tiny, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])                          # truncated
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(tmp_path)
+    weights.write_bytes(b"\x80\x04\x95 definitely a pickle, never loaded")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(tmp_path)
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="missing weights"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="bad"):
+        load_checkpoint(tmp_path)
+
+
+def test_pi05_config_with_wrong_weights_is_a_shape_error(tmp_path):
+    # a real-layout pi05 config.json with (wrong, tiny) weights: the shape check reports it before anything else
+    m = build_model(get_config("tiny"))
+    sd = {k: v.contiguous() for k, v in m.state_dict().items() if k != EMBED}
+    save_file(sd, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"action_dim": 32, "action_horizon": 10,
+                                                      "paligemma_variant": "gemma_2b",
+                                                      "action_expert_variant": "gemma_300m", "precision": "float32"}))
+    with pytest.raises(CheckpointError, match="mis-shaped"):
+        load_checkpoint(tmp_path)

@@ -1,0 +1,133 @@
+"""Model configuration and parameter layout: the ``pi05`` preset built on the meta device has exactly openpi's
+state_dict (813 keys, same order, shapes and the bf16/fp32 dtype plan of ``test/data/pi05_openpi_state_dict.tsv``,
+copied from the reference so CI on a robot needs no ../shared); the LM head is tied to ``embed_tokens``; the
+``bench-cpu`` preset has its fixed numbers; every shape follows the config (no hard-coded head counts); invalid
+configs are refused; ``oxygen_ros/model`` never imports rclpy.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from oxygen_ros.model import Pi05Model, build_model, get_config
+from oxygen_ros.model.pi05 import keeps_fp32
+
+TSV = Path(__file__).parent / "data" / "pi05_openpi_state_dict.tsv"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tsv_rows():
+    rows = []
+    for line in TSV.read_text().splitlines():
+        name, shape, dtype = line.split("\t")
+        rows.append((name, tuple(int(x) for x in shape.strip("()").split(",") if x.strip()), dtype))
+    return rows
+
+
+def meta_model(name="pi05", **kw):
+    with torch.device("meta"):
+        return Pi05Model(get_config(name, **kw))
+
+
+def test_pi05_meta_state_dict_matches_openpi_exactly():
+    rows = tsv_rows()
+    assert len(rows) == 813
+    sd = meta_model().state_dict()
+    mine = [(k, tuple(v.shape), str(v.dtype)) for k, v in sd.items()]
+    missing = sorted(set(r[0] for r in rows) - set(sd))
+    extra = sorted(set(sd) - set(r[0] for r in rows))
+    assert not missing and not extra, (missing[:5], extra[:5])
+    diffs = [(a, b) for a, b in zip(mine, rows) if a != b]
+    assert not diffs, diffs[:5]
+    assert sum(v.dtype == torch.float32 for v in sd.values()) == 122
+
+
+def test_pi05_parameter_count_and_tie():
+    m = meta_model()
+    lm = m.paligemma_with_expert.paligemma
+    assert lm.lm_head.weight is lm.model.language_model.embed_tokens.weight
+    unique = sum(p.numel() for p in m.parameters())              # tied pair counted once
+    expert_head = m.paligemma_with_expert.gemma_expert.lm_head.weight.numel()
+    assert abs((unique - expert_head) / 1e9 - 3.35) < 0.02, unique
+
+
+def test_shapes_follow_the_config():
+    m = meta_model("pi05", vlm={"num_heads": 4, "num_kv_heads": 2, "head_dim": 128},
+                   expert={"num_heads": 4, "num_kv_heads": 2, "head_dim": 128}, action_dim=14, num_cameras=2)
+    sd = m.state_dict()
+    p = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn."
+    assert tuple(sd[p + "q_proj.weight"].shape) == (512, 2048)
+    assert tuple(sd[p + "k_proj.weight"].shape) == (256, 2048)
+    e = "paligemma_with_expert.gemma_expert.model.layers.0.self_attn."
+    assert tuple(sd[e + "o_proj.weight"].shape) == (1024, 512)
+    assert tuple(sd["action_in_proj.weight"].shape) == (1024, 14)
+    assert m.cfg.prefix_len == 2 * 256 + 200
+
+
+def test_non_default_heads_run_end_to_end():
+    cfg = get_config("tiny", vlm={"num_heads": 6, "num_kv_heads": 2, "head_dim": 8},
+                     expert={"num_heads": 6, "num_kv_heads": 2, "head_dim": 8})
+    m = build_model(cfg)
+    S = cfg.image_size
+    prefix = m.prefill(torch.zeros(1, 3, 3, S, S), torch.ones(1, 3, dtype=torch.bool),
+                       torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool), want_logits=True)
+    assert prefix.k[0].shape == (1, cfg.num_image_tokens + 5, 2, 8)
+    a = m.sample_actions(prefix, torch.randn(1, cfg.action_horizon, cfg.action_dim), num_steps=2)
+    assert a.shape == (1, cfg.action_horizon, cfg.action_dim) and torch.isfinite(a).all()
+
+
+def test_bench_cpu_preset_is_fixed():
+    c = get_config("bench-cpu")
+    assert (c.vision.depth, c.vision.width, c.vision.num_heads, c.vision.mlp_dim, c.vision.patch_size,
+            c.vision.image_size, c.image_tokens_per_camera) == (4, 256, 4, 1024, 14, 224, 256)
+    assert (c.vlm.depth, c.vlm.width, c.vlm.num_heads, c.vlm.num_kv_heads, c.vlm.head_dim, c.vlm.mlp_dim) == \
+        (6, 256, 4, 1, 64, 1024)
+    assert (c.expert.depth, c.expert.width, c.expert.num_heads, c.expert.num_kv_heads, c.expert.head_dim,
+            c.expert.mlp_dim, c.expert.adarms) == (6, 128, 4, 1, 64, 512, True)
+    assert (c.vocab_size, c.num_cameras, c.max_token_len, c.action_horizon, c.num_denoise_steps, c.action_dim,
+            c.dtype) == (8192, 3, 100, 10, 10, 32, "float32")
+
+
+def test_pi05_preset_numbers():
+    c = get_config("pi05")
+    assert (c.vision.width, c.vision.depth, c.vision.num_heads, c.vision.mlp_dim, c.image_tokens_per_camera) == \
+        (1152, 27, 16, 4304, 256)
+    assert (c.vlm.width, c.vlm.depth, c.vlm.mlp_dim, c.expert.width, c.expert.mlp_dim) == (2048, 18, 16384, 1024, 4096)
+    assert (c.vocab_size, c.max_token_len, c.action_horizon, c.num_denoise_steps, c.dtype) == \
+        (257152, 200, 50, 10, "bfloat16")
+    assert c.prefix_attention == "image_isolated" and (c.pad_id, c.eos_id, c.bos_id) == (0, 1, 2)
+    assert get_config("pi05", action_horizon=10).action_horizon == 10
+
+
+def test_invalid_configs_refused():
+    with pytest.raises(ValueError, match="prefix_attention"):
+        get_config("tiny", prefix_attention="causal")
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_config("pi0")
+    with pytest.raises(ValueError, match="joint attention"):
+        get_config("tiny", expert={"head_dim": 32})
+    with pytest.raises(ValueError, match="unknown config fields"):
+        get_config("tiny", horizon=5)
+
+
+def test_dtype_plan_and_bf16_runs():
+    assert keeps_fp32("time_mlp_in.weight") and keeps_fp32(
+        "paligemma_with_expert.gemma_expert.model.layers.3.input_layernorm.dense.bias")
+    assert not keeps_fp32("paligemma_with_expert.paligemma.model.vision_tower.vision_model.post_layernorm.weight")
+    m = build_model(get_config("tiny"), dtype="bfloat16")
+    assert m.dtype == torch.bfloat16 and m.time_mlp_in.weight.dtype == torch.float32
+    S = m.cfg.image_size
+    prefix = m.prefill(torch.zeros(1, 3, 3, S, S), torch.ones(1, 3, dtype=torch.bool),
+                       torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool), want_logits=True)
+    assert prefix.k[0].dtype == torch.bfloat16 and prefix.last_logits.dtype == torch.float32
+    a = m.sample_actions(prefix, torch.randn(1, m.cfg.action_horizon, m.cfg.action_dim), num_steps=2)
+    assert a.dtype == torch.float32 and torch.isfinite(a).all()
+
+
+def test_model_package_never_imports_rclpy():
+    src = "\n".join(p.read_text() for p in (ROOT / "oxygen_ros" / "model").glob("*.py"))
+    assert "rclpy" not in src.replace("never rclpy", "").replace("never imports rclpy", "")
+    code = "import sys, oxygen_ros.model; assert 'rclpy' not in sys.modules, 'rclpy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
