@@ -1,0 +1,66 @@
+"""Launch oxygen_node fed by a bag: ``ros2 launch oxygen_ros replay.launch.py bag:=/path/to/bag``.
+
+This file owns the "node + bag replay" launch.  Arguments: ``bag`` (required; make one with ``oxygen make-bag``),
+``player`` (``ros2bag`` = ``ros2 bag play``, the default on a ROS install; ``oxygen`` = ``oxygen replay`` run through
+``ros2 run``, which needs no rosbag2 and restamps header.stamp to the time of publication), ``rate`` (1.0), ``loop`` (true), plus every
+argument of ``oxygen.launch.py`` (checkpoint, preset, device, params_file, namespace, camera remaps, ...), passed
+through.  ``ros2 bag play`` keeps the recorded header stamps, which would make every frame older than
+``max_observation_age_s``, so with that player the node takes capture time from message arrival
+(``stamp_source: receive``); alternatively run with ``use_sim_time:=true`` and a ``--clock`` player yourself.
+"""
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, OpaqueFunction
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.substitutions import FindPackageShare
+
+_TOPICS = ("/camera/base/image_raw", "/camera/left_wrist/image_raw", "/camera/right_wrist/image_raw",
+           "/joint_states", "/instruction", "/conversation/prompt")
+_PASS = ("checkpoint", "preset", "device", "params_file", "namespace", "use_sim_time", "autostart",
+         "camera_base", "camera_left_wrist", "camera_right_wrist", "joint_states", "log_level")
+
+
+def _actions(context, *args, **kwargs):
+    get = lambda name: LaunchConfiguration(name).perform(context)  # noqa: E731
+    bag, rate, ns, player = get("bag"), get("rate"), get("namespace").strip("/"), get("player")
+    loop = get("loop").lower() in ("true", "1", "yes")
+    launch_args = {name: get(name) for name in _PASS}
+    if player == "oxygen":
+        cmd = ["ros2", "run", "oxygen_ros", "oxygen", "replay", bag, "--rate", rate] + \
+              (["--loop"] if loop else []) + (["--namespace", ns] if ns else [])
+        proc = ExecuteProcess(cmd=cmd, output="screen", name="oxygen_replay")
+    else:
+        cmd = ["ros2", "bag", "play", bag, "--rate", rate] + (["--loop"] if loop else [])
+        if ns:
+            cmd += ["--remap"] + [f"{t}:=/{ns}{t}" for t in _TOPICS]
+        proc = ExecuteProcess(cmd=cmd, output="screen", name="ros2_bag_play")
+        if launch_args["use_sim_time"].lower() not in ("true", "1", "yes"):
+            launch_args["stamp_source"] = "receive"     # recorded stamps are old (see the module docstring)
+    oxygen_launch = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "launch", "oxygen.launch.py"])
+    include = IncludeLaunchDescription(PythonLaunchDescriptionSource(oxygen_launch),
+                                       launch_arguments=launch_args.items())
+    return [include, proc]
+
+
+def generate_launch_description():
+    default_params = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "oxygen.yaml"])
+    args = [
+        DeclareLaunchArgument("bag", description="rosbag2 directory to play"),
+        DeclareLaunchArgument("player", default_value="ros2bag", choices=["ros2bag", "oxygen"],
+                              description="ros2bag (ros2 bag play) | oxygen (oxygen replay)"),
+        DeclareLaunchArgument("rate", default_value="1.0", description="playback rate"),
+        DeclareLaunchArgument("loop", default_value="true", description="loop the bag"),
+        DeclareLaunchArgument("checkpoint", default_value=""),
+        DeclareLaunchArgument("preset", default_value=""),
+        DeclareLaunchArgument("device", default_value=""),
+        DeclareLaunchArgument("params_file", default_value=default_params),
+        DeclareLaunchArgument("namespace", default_value=""),
+        DeclareLaunchArgument("use_sim_time", default_value="false"),
+        DeclareLaunchArgument("autostart", default_value=""),
+        DeclareLaunchArgument("camera_base", default_value=""),
+        DeclareLaunchArgument("camera_left_wrist", default_value=""),
+        DeclareLaunchArgument("camera_right_wrist", default_value=""),
+        DeclareLaunchArgument("joint_states", default_value=""),
+        DeclareLaunchArgument("log_level", default_value="info"),
+    ]
+    return LaunchDescription(args + [OpaqueFunction(function=_actions)])
