@@ -1,0 +1,193 @@
+"""Shared plumbing for ``oxygen demo`` and ``oxygen ros-bench``: run ``oxygen_node`` as a child process, watch its
+outputs from an in-process rclpy node, feed it a bag, and summarise timing.
+
+This file owns no ROS logic of its own.  ``default_params_file()`` finds ``config/oxygen.yaml`` (source checkout or
+installed share dir); ``NodeProcess`` starts ``python -m oxygen_ros.ros.node`` with that file plus overrides, logs to
+a file and stops it with SIGINT; ``Monitor`` subscribes to every node output (``action_chunk``,
+``language/tokens``, ``conversation/response``, ``memory/entries``, ``/diagnostics``) recording arrival times on
+the steady clock; ``stats_ms`` gives percentiles.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["default_params_file", "NodeProcess", "Monitor", "stats_ms", "isolate_dds"]
+
+
+def isolate_dds() -> None:
+    """Keep demo/bench traffic on this machine unless the user configured otherwise."""
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if not os.environ.get("AMENT_PREFIX_PATH"):
+        os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+
+
+def default_params_file() -> Path:
+    here = Path(__file__).resolve().parents[2] / "config" / "oxygen.yaml"
+    if here.is_file():
+        return here
+    from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
+    return Path(get_package_share_directory("oxygen_ros")) / "config" / "oxygen.yaml"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    return str(v)
+
+
+class NodeProcess:
+    def __init__(self, log_path, params: dict, params_file=None):
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", "--params-file",
+               str(params_file or default_params_file())]
+        for k, v in params.items():
+            cmd += ["-p", f"{k}:={_fmt(v)}"]
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 20) -> str:
+        self._log.flush()
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> tuple[int | None, float]:
+        t = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode, time.monotonic() - t
+
+
+class Monitor:
+    """In-process observer of oxygen_node's outputs (spun in a background thread)."""
+
+    def __init__(self, node_name: str = "oxygen_monitor"):
+        import rclpy  # noqa: PLC0415
+        from rclpy.executors import SingleThreadedExecutor  # noqa: PLC0415
+        from diagnostic_msgs.msg import DiagnosticArray  # noqa: PLC0415
+        from std_msgs.msg import String  # noqa: PLC0415
+
+        from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry  # noqa: PLC0415
+
+        self.rclpy = rclpy
+        if not rclpy.ok():
+            rclpy.init()
+        self.node = rclpy.create_node(node_name)
+        self.lock = threading.Lock()
+        self.chunks: list = []          # (t_recv_monotonic, recv_ros_ns, msg header ns, chunk_id, horizon, latency, age)
+        self.tokens: list = []          # (t, request_id, task, index, text, is_final, finish_reason)
+        self.responses: list = []       # (t, text)
+        self.memory: list = []          # (t, entry_id, text)
+        self.diag: dict = {}            # name -> (level, message, values)
+        self.diag_t = 0.0
+        self.t0 = time.monotonic()
+        n = self.node
+        n.create_subscription(ActionChunk, "action_chunk", self._on_chunk, 200)
+        n.create_subscription(LanguageToken, "language/tokens", self._on_token, 1000)
+        n.create_subscription(String, "conversation/response", self._on_response, 100)
+        n.create_subscription(MemoryEntry, "memory/entries", self._on_memory, 100)
+        n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 20)
+        self.prompt_pub = n.create_publisher(String, "conversation/prompt", 10)
+        self._String = String
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(n)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self):
+        while not self._stop.is_set():
+            try:
+                self.executor.spin_once(timeout_sec=0.05)
+            except Exception:  # noqa: BLE001 - shutting down
+                return
+
+    def now_ns(self) -> int:
+        return self.node.get_clock().now().nanoseconds
+
+    def _on_chunk(self, m):
+        t = time.monotonic()
+        rn = self.now_ns()
+        hs = m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec
+        with self.lock:
+            self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s))
+
+    def _on_token(self, m):
+        with self.lock:
+            self.tokens.append((time.monotonic(), m.request_id, m.task, m.index, m.text, m.is_final,
+                                m.finish_reason))
+
+    def _on_response(self, m):
+        with self.lock:
+            self.responses.append((time.monotonic(), m.data))
+
+    def _on_memory(self, m):
+        with self.lock:
+            self.memory.append((time.monotonic(), m.entry_id, m.text))
+
+    def _on_diag(self, arr):
+        d = {}
+        for st in arr.status:
+            lvl = st.level[0] if isinstance(st.level, (bytes, bytearray)) else int(st.level)
+            d[st.name] = (lvl, st.message, {kv.key: kv.value for kv in st.values})
+        with self.lock:
+            self.diag, self.diag_t = d, time.monotonic()
+
+    def ask(self, text: str) -> None:
+        self.prompt_pub.publish(self._String(data=text))
+
+    def diag_value(self, key: str, default=None):
+        with self.lock:
+            for _, (_, _, vals) in self.diag.items():
+                if key in vals:
+                    try:
+                        return float(vals[key])
+                    except ValueError:
+                        return vals[key]
+        return default
+
+    def chunk_rate(self, window: float = 1.0) -> float:
+        t = time.monotonic()
+        with self.lock:
+            return sum(1 for c in self.chunks[-2000:] if c[0] >= t - window) / window
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(2)
+        self.executor.shutdown()
+        self.node.destroy_node()
+
+
+def stats_ms(xs) -> dict:
+    a = np.asarray(list(xs), dtype=np.float64)
+    if a.size == 0:
+        return {"n": 0}
+    return {"n": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max()),
+            "min": float(a.min())}

@@ -1,0 +1,235 @@
+"""``oxygen demo``: the project's main job, end to end on one machine in about half a minute.
+
+This file owns the demo.  It writes a fresh synthetic multi-camera bag (``out/demo_bag``), starts ``oxygen_node`` as a
+child process with ``config/oxygen.yaml`` (tiny random-weight model unless ``--checkpoint`` is given), replays the
+bag in a loop through rclpy (restamped, like live cameras), asks a few conversation questions, and prints one status
+line per second (control rate, action frequency, chunks/s, tokens/s, KV use, active requests, observation age) plus
+the streamed answers as they finish.  After ``--duration`` seconds it stops everything, prints a summary, and writes
+``out/demo_timeline.png`` (action-chunk arrivals and inter-arrival times, token arrivals per request, inference
+latency and observation age) and ``out/demo_summary.json``.  Random weights produce meaningless actions and text; the
+timing and the plumbing are real.  To run a real model: ``oxygen demo --checkpoint /path/to/pi05_checkpoint``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+QUESTIONS = ("What do you see on the table?", "Where is the red block?", "What should the robot do next?",
+             "Is the bowl empty?")
+
+RANDOM_NOTE = ("NOTE: this runs a RANDOM-WEIGHT model (preset {preset}): actions and text are meaningless; the "
+               "timing, topics and KV sharing are real.\n      For a real pi0.5: oxygen demo --checkpoint "
+               "/path/to/checkpoint   (openpi/LeRobot safetensors + norm stats; see README).")
+
+
+def _level(d, name):
+    return {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}.get(d.get(name, (None,))[0], "-")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="oxygen demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of live run (default: %(default)s)")
+    p.add_argument("--out", default="out", help="output folder (default: %(default)s)")
+    p.add_argument("--checkpoint", default="", help="pi0.5 checkpoint directory (default: random weights)")
+    p.add_argument("--preset", default="tiny", help="model preset without checkpoint (default: %(default)s)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--bag", default="", help="replay this bag instead of making a synthetic one")
+    p.add_argument("--horizon", type=int, default=50,
+                   help="action horizon for random weights (default 50 = pi0.5's; ignored with a checkpoint)")
+    p.add_argument("--params-file", default="", help="node parameter YAML (default: config/oxygen.yaml)")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+
+    from oxygen_ros.ros.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
+    from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
+
+    isolate_dds()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print("oxygen demo: node + replayed synthetic bag + conversation, live metrics", flush=True)
+    if not a.checkpoint:
+        print(RANDOM_NOTE.format(preset=a.preset), flush=True)
+    if a.bag:
+        bag = Path(a.bag)
+    else:
+        t = time.monotonic()
+        bag = make_bag(out / "demo_bag", duration=10.0, fps=15.0, width=320, height=240, overwrite=True)
+        print(f"[setup] wrote synthetic bag {bag} (3 cameras 320x240 @ 15 Hz, joints, instruction) "
+              f"in {time.monotonic() - t:.1f} s", flush=True)
+
+    params = {"memory_db": str(out / "demo_memory.db"), "memory_interval_s": 4.0, "device": a.device,
+              "max_new_tokens": 24}
+    if a.checkpoint:
+        params["checkpoint"] = a.checkpoint
+    else:
+        params.update(preset=a.preset, horizon=a.horizon)
+    node = NodeProcess(out / "demo_node.log", params, a.params_file or None)
+    print(f"[setup] started oxygen_node (pid {node.proc.pid}, log {out / 'demo_node.log'}); loading the model ...",
+          flush=True)
+
+    import rclpy  # noqa: PLC0415
+
+    mon = Monitor("oxygen_demo")
+    rep = BagReplayer(mon.node, bag, loop=True, exclude=("/conversation/prompt",))
+    rep.start()
+    t_wait = time.monotonic()
+    while not mon.chunks:
+        if not node.alive():
+            print("oxygen_node exited during start-up:\n" + node.tail(30), flush=True)
+            rep.stop()
+            mon.close()
+            rclpy.try_shutdown()
+            return 1
+        if time.monotonic() - t_wait > 180:
+            print("no action chunks after 180 s:\n" + node.tail(30), flush=True)
+            rep.stop()
+            node.stop()
+            mon.close()
+            rclpy.try_shutdown()
+            return 1
+        time.sleep(0.1)
+    print(f"[ready] first action chunk after {time.monotonic() - t_wait:.1f} s; running {a.duration:.0f} s\n",
+          flush=True)
+
+    t_start = time.monotonic()
+    asked: dict[float, str] = {}
+    q_times = [2.0 + i * (a.duration - 4.0) / max(1, len(QUESTIONS)) for i in range(len(QUESTIONS))]
+    shown = 0
+    next_status = t_start + 1.0
+    try:
+        while time.monotonic() - t_start < a.duration and node.alive():
+            el = time.monotonic() - t_start
+            if q_times and el >= q_times[0]:
+                q = QUESTIONS[len(asked)]
+                q_times.pop(0)
+                asked[time.monotonic()] = q
+                mon.ask(q)
+                print(f"  >> asked: {q!r}", flush=True)
+            while shown < len(mon.responses):
+                tr, text = mon.responses[shown]
+                shown += 1
+                print(f"  << answer ({len(text)} chars, streamed): {text[:100]!r}", flush=True)
+            if time.monotonic() >= next_status:
+                next_status += 1.0
+                with mon.lock:
+                    partial = {}
+                    for _, rid, task, _, text, final, _ in mon.tokens[-400:]:
+                        if task == "conversation":
+                            partial.setdefault(rid, []).append(text)
+                    mem = len(mon.memory)
+                kv = mon.diag_value("kv_used_fraction", 0.0) or 0.0
+                line = (f"[{el:5.1f} s] control {mon.chunk_rate():5.1f} Hz | action freq "
+                        f"{mon.diag_value('action_frequency_hz', 0.0):6.0f}/s | cycles "
+                        f"{mon.diag_value('inference_rate_hz', 0.0):4.1f}/s | tokens "
+                        f"{mon.diag_value('tokens_per_s', 0.0):5.1f}/s | KV {100 * kv:4.1f}% | active "
+                        f"{int(mon.diag_value('active_requests', 0) or 0)} | memory {mem} | obs age "
+                        f"{mon.diag_value('observation_age_s', -1):.2f} s | {_level(mon.diag, 'oxygen_node: control')}")
+                if partial:
+                    rid = max(partial)
+                    line += f" | streaming #{rid}: {''.join(partial[rid])[-24:]!r}"
+                print(line, flush=True)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("\ninterrupted", flush=True)
+    t_end = time.monotonic()
+    rep.stop()
+    rc, dt_stop = node.stop()
+    time.sleep(0.2)
+    mon.close()
+    rclpy.try_shutdown()
+
+    # ---- summary ---------------------------------------------------------------------------------------------
+    with mon.lock:
+        chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
+        tokens = [x for x in mon.tokens if t_start <= x[0] <= t_end]
+        responses = list(mon.responses)
+        memory = list(mon.memory)
+        diag = dict(mon.diag)
+    dur = max(1e-6, t_end - t_start)
+    arr = np.array([c[0] for c in chunks])
+    gaps = np.diff(arr) * 1e3 if arr.size > 1 else np.array([])
+    new_chunk = {}
+    for c in chunks:
+        new_chunk.setdefault(c[3], c)
+    summary = {
+        "duration_s": dur, "model": "checkpoint " + a.checkpoint if a.checkpoint else f"random {a.preset}",
+        "control_rate_hz": len(chunks) / dur, "control_interarrival_ms": stats_ms(gaps),
+        "chunks_computed": len(new_chunk), "inference_rate_hz": len(new_chunk) / dur,
+        "inference_latency_ms": stats_ms(c[5] for c in new_chunk.values()),
+        "observation_age_ms": stats_ms(1e3 * c[6] for c in chunks),
+        "tokens": len(tokens), "tokens_per_s": len(tokens) / dur,
+        "conversation_questions": len(asked), "conversation_answers": len(responses),
+        "memory_entries": len(memory), "node_exit_code": rc, "node_shutdown_s": dt_stop,
+        "diagnostics": {k: {"level": v[0], "message": v[1]} for k, v in diag.items()},
+    }
+    print("\n=== summary ===")
+    print(f"control      {summary['control_rate_hz']:.1f} Hz on action_chunk (target 70), inter-arrival p50 "
+          f"{summary['control_interarrival_ms'].get('p50', 0):.1f} ms, p99 "
+          f"{summary['control_interarrival_ms'].get('p99', 0):.1f} ms")
+    print(f"inference    {summary['inference_rate_hz']:.1f} chunks/s, latency p50 "
+          f"{summary['inference_latency_ms'].get('p50', 0):.0f} ms; observation age p50 "
+          f"{summary['observation_age_ms'].get('p50', 0):.0f} ms")
+    print(f"language     {summary['tokens']} tokens ({summary['tokens_per_s']:.1f}/s), "
+          f"{len(responses)}/{len(asked)} answers, {len(memory)} memory entries (stored in {out / 'demo_memory.db'})")
+    for _, text in responses[:4]:
+        print(f"   answer: {text[:80]!r}")
+    for _, eid, text in memory[:3]:
+        print(f"   memory #{eid}: {text[:80]!r}")
+    print(f"diagnostics  " + ", ".join(f"{k.split(': ')[-1]}={_level(diag, k)}" for k in sorted(diag)))
+    print(f"node exit    code {rc} after SIGINT in {dt_stop:.2f} s")
+    (out / "demo_summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    print(f"wrote {out / 'demo_summary.json'}")
+    if not a.no_plot:
+        png = out / "demo_timeline.png"
+        _plot(png, t_start, chunks, new_chunk, tokens, asked, responses)
+        print(f"wrote {png} (timeline: action chunks, tokens per request, latency)")
+    if not a.checkpoint:
+        print(RANDOM_NOTE.format(preset=a.preset))
+    return 0 if rc == 0 and chunks else 1
+
+
+def _plot(png, t0, chunks, new_chunk, tokens, asked, responses) -> None:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
+    if chunks:
+        t = np.array([c[0] for c in chunks]) - t0
+        g = np.diff(t) * 1e3
+        ax[0].plot(t[1:], g, ".", ms=2, label="action_chunk inter-arrival")
+        ax[0].axhline(1e3 / 70, color="k", lw=0.8, ls="--", label="1/70 s")
+        for c in new_chunk.values():
+            ax[0].axvline(c[0] - t0, color="tab:orange", lw=0.3, alpha=0.5)
+        ax[0].set_ylabel("ms")
+        ax[0].set_ylim(0, max(40.0, float(np.percentile(g, 99)) * 1.2) if g.size else 40)
+        ax[0].legend(loc="upper right", fontsize=8)
+        ax[0].set_title("control output (orange: a new chunk arrived)")
+    rid_rows = {}
+    for x in tokens:
+        rid_rows.setdefault((x[2], x[1]), []).append(x[0] - t0)
+    colors = {"conversation": "tab:blue", "memory": "tab:green", "subtask": "tab:purple"}
+    for i, ((task, rid), ts) in enumerate(sorted(rid_rows.items(), key=lambda kv: kv[0][1])):
+        ax[1].plot(ts, [rid] * len(ts), "|", color=colors.get(task, "gray"), ms=6)
+    for tq in asked:
+        ax[1].axvline(tq - t0, color="tab:red", lw=0.8, ls=":")
+    ax[1].set_ylabel("request id")
+    ax[1].set_title("language tokens (blue conversation, green memory; red: question asked)")
+    if new_chunk:
+        cs = sorted(new_chunk.values())
+        ax[2].plot([c[0] - t0 for c in cs], [c[5] for c in cs], ".-", ms=3, label="inference latency (ms)")
+        ax[2].plot([c[0] - t0 for c in cs], [1e3 * c[6] for c in cs], ".", ms=3, label="observation age (ms)")
+        ax[2].legend(loc="upper right", fontsize=8)
+    ax[2].set_xlabel("seconds since start")
+    ax[2].set_ylabel("ms")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
