@@ -220,16 +220,25 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rot * sin
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """Grouped-query attention with a boolean mask, scale D^-0.5.
-    q [B, T, Hq, D], k/v [B, S, Hkv, D], mask [B, T, S] (True = attend; every row must have one True) -> [B, T, Hq*D].
-    The G = Hq/Hkv query heads of a KV head are folded into the query length so SDPA sees [B, Hkv, G*T, D]."""
+def attention_bias(mask: Tensor, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> Tensor:
+    """Boolean mask [B, T, S] (True = attend; every row needs one True) -> additive bias [B, 1, G*T, S] in the
+    layout ``attention`` uses (G = Hq/Hkv query heads folded into the query length).  Built once per call and shared
+    by all layers (and all denoise steps)."""
+    B, T, S = mask.shape
+    G = num_heads // num_kv_heads
+    bias = torch.zeros(B, 1, T, S, dtype=dtype, device=mask.device).masked_fill_(~mask[:, None], torch.finfo(dtype).min)
+    return bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """Grouped-query attention, scale D^-0.5.  q [B, T, Hq, D], k/v [B, S, Hkv, D], bias from ``attention_bias``
+    -> [B, T, Hq*D].  The G query heads of a KV head are folded into the query length: SDPA sees [B, Hkv, G*T, D]
+    against [B, Hkv, S, D], so the single KV head is never repeated in memory."""
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
     q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
-    m = mask[:, None, None].expand(B, 1, G, T, mask.shape[-1]).reshape(B, 1, G * T, mask.shape[-1])
-    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m, scale=D ** -0.5)
+    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=D ** -0.5)
     return o.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * D)
 
 
@@ -398,7 +407,8 @@ class Pi05Model(nn.Module):
                 keep_kv: bool = False, kv_hook=None):
         """Run all layers over the tokens of the present towers.
         x_vlm [B, Tv, Wv] | None, x_exp [B, Te, We] | None, cond [B, We] (expert only), positions [B, Tv+Te],
-        mask [B, Tv+Te, Sp+Tv+Te] bool (Sp = past length), past_k/v NL x [B, Sp, Hkv, D] (read only).
+        mask [B, Tv+Te, Sp+Tv+Te] bool (Sp = past length) or a prepared ``attention_bias``,
+        past_k/v NL x [B, Sp, Hkv, D] (read only).
         kv_hook(l, k, v) -> (k_all, v_all) replaces the past concat (used by decode).
         Returns x_vlm, x_exp, new_k, new_v (NL x [B, Tv+Te, Hkv, D] if keep_kv)."""
         cfg = self.cfg
@@ -412,6 +422,7 @@ class Pi05Model(nn.Module):
         conds = [None, cond]
         dtype = (x_vlm if x_vlm is not None else x_exp).dtype
         cos, sin = self._rope_cos_sin(positions, dtype)
+        bias = attention_bias(mask, Hq, Hkv, dtype) if mask.dtype == torch.bool else mask
         new_k, new_v = [], []
         for l in range(cfg.num_layers):
             qs, ks, vs, gates, lens = [], [], [], [], []
@@ -438,7 +449,7 @@ class Pi05Model(nn.Module):
                 v_all = torch.cat([past_v[l].to(v.dtype), v], dim=1)
             else:
                 k_all, v_all = k, v
-            a = attention(q, k_all, v_all, mask)                                # [B, T, Hq*D]
+            a = attention(q, k_all, v_all, bias)                                # [B, T, Hq*D]
             start = 0
             for (tower, i), gate, T in zip(towers, gates, lens):
                 layer = tower.layers[l]
@@ -557,17 +568,29 @@ class Pi05Model(nn.Module):
         positions = prefix.next_position[:, None] + torch.arange(H, device=noise.device)[None]      # [B, H]
         mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
                           torch.ones(B, H, H, dtype=torch.bool, device=noise.device)], dim=2)       # [B, H, P+H]
+        bias = attention_bias(mask, self.cfg.vlm.num_heads, self.cfg.num_kv_heads, self.dtype)
+        # per-layer [prefix | suffix] K/V buffers: the prefix is copied in once per call (not per step) and only the
+        # suffix part is rewritten each step; the caller's prefix tensors are never written.
+        P = prefix.length
+        kbuf = [torch.cat([k.to(self.dtype), k.new_zeros(B, H, *k.shape[2:]).to(self.dtype)], 1) for k in prefix.k]
+        vbuf = [torch.cat([v.to(self.dtype), v.new_zeros(B, H, *v.shape[2:]).to(self.dtype)], 1) for v in prefix.v]
+
+        def kv_hook(l, k, v):
+            kbuf[l][:, P:] = k
+            vbuf[l][:, P:] = v
+            return kbuf[l], vbuf[l]
+
         dt = -1.0 / S
         x = noise.float()
         t = 1.0
         for _ in range(S):
-            v = self.velocity(prefix, x, torch.full((B,), t, device=noise.device), positions, mask)
+            v = self.velocity(prefix, x, torch.full((B,), t, device=noise.device), positions, bias, kv_hook)
             x = x + dt * v
             t += dt
         return x
 
     def velocity(self, prefix: Prefix, x_t: Tensor, t: Tensor, positions: Tensor | None = None,
-                 mask: Tensor | None = None) -> Tensor:
+                 mask: Tensor | None = None, kv_hook=None) -> Tensor:
         """One denoise step: x_t [B, H, A] at times t [B] -> velocity [B, H, A] fp32 (prefix read-only)."""
         B, H, _ = x_t.shape
         if positions is None:
@@ -577,7 +600,7 @@ class Pi05Model(nn.Module):
                               torch.ones(B, H, H, dtype=torch.bool, device=x_t.device)], dim=2)
         cond = self.time_condition(t)                                                         # [B, We] fp32
         x = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)      # [B, H, We]
-        _, h, _, _ = self._layers(None, x, cond, positions, mask, past_k=prefix.k, past_v=prefix.v)
+        _, h, _, _ = self._layers(None, x, cond, positions, mask, past_k=prefix.k, past_v=prefix.v, kv_hook=kv_hook)
         h, _ = self.expert.norm(h, cond)
         return self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
 
