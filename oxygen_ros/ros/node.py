@@ -927,6 +927,9 @@ def main(argv=None, engine_factory=None) -> int:
             print(f"  {name:24s} {spec[1]!r:40.40s} {spec[2]}")
         return 0
     _throttle_python_logging()
+    # The control thread must get the GIL promptly while the inference thread runs Python between torch ops:
+    # a 1 ms switch interval (default 5 ms) bounds how long it waits for it.
+    sys.setswitchinterval(0.001)
     rclpy.init(args=args)
     node = OxygenNode(engine_factory=engine_factory)
     executor = MultiThreadedExecutor(num_threads=2)

@@ -1,0 +1,141 @@
+"""``oxygen ros-bench``: timing of the ROS path through real DDS, on replayed frames.
+
+This file owns the ROS-level benchmark.  It starts ``oxygen_node`` as a child process (``config/oxygen.yaml`` +
+``--preset``/``--checkpoint``), replays a synthetic bag (made fresh unless ``--bag``) through rclpy in this process,
+restamping each frame with its publication time, and after ``--warmup`` seconds measures for ``--duration`` seconds:
+the ``action_chunk`` rate and its jitter (inter-arrival p50/p99/max and |inter-arrival - period|), and the
+camera-to-chunk latency (first arrival of each new chunk minus the capture stamp of the frame it was computed from,
+i.e. DDS in + queueing + inference + DDS out).  Both ends share this machine's clock.  Prints a table and writes
+JSON (``--out``, default ``out/ros_bench.json``).  Bounds are not asserted here; tests only check >= 80% of the rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="oxygen ros-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=15.0, help="measured seconds (default: %(default)s)")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds ignored after the first chunk")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--checkpoint", default="")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--horizon", type=int, default=50, help="action horizon for random weights (default 50)")
+    p.add_argument("--control-rate", type=float, default=70.0)
+    p.add_argument("--bag", default="")
+    p.add_argument("--width", type=int, default=320)
+    p.add_argument("--height", type=int, default=240)
+    p.add_argument("--fps", type=float, default=15.0)
+    p.add_argument("--params-file", default="")
+    p.add_argument("--out", default="out/ros_bench.json")
+    a = p.parse_args(argv)
+
+    from oxygen_ros.ros.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
+    from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
+
+    isolate_dds()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bag = Path(a.bag) if a.bag else make_bag(out.parent / "ros_bench_bag", duration=8.0, fps=a.fps, width=a.width,
+                                             height=a.height, overwrite=True)
+    params = {"control_rate_hz": a.control_rate, "memory_db": "", "memory_interval_s": 0.0, "device": a.device}
+    if a.checkpoint:
+        params["checkpoint"] = a.checkpoint
+    else:
+        params.update(preset=a.preset, horizon=a.horizon)
+    node = NodeProcess(out.parent / "ros_bench_node.log", params, a.params_file or None)
+
+    import rclpy  # noqa: PLC0415
+
+    mon = Monitor("oxygen_ros_bench")
+    published: dict[int, float] = {}
+
+    def on_pub(topic, stamp_ns):
+        if topic == "/camera/base/image_raw" and stamp_ns is not None:
+            published[stamp_ns] = time.monotonic()
+
+    rep = BagReplayer(mon.node, bag, loop=True, on_publish=on_pub, exclude=("/conversation/prompt",))
+    rep.start()
+    t0 = time.monotonic()
+    while not mon.chunks and node.alive() and time.monotonic() - t0 < 180:
+        time.sleep(0.1)
+    if not mon.chunks:
+        print("no action chunks:\n" + node.tail(30))
+        rep.stop()
+        node.stop()
+        mon.close()
+        rclpy.try_shutdown()
+        return 1
+    print(f"node ready after {time.monotonic() - t0:.1f} s; warm-up {a.warmup:.0f} s, measuring {a.duration:.0f} s ...",
+          flush=True)
+    time.sleep(a.warmup)
+    t_start = time.monotonic()
+    time.sleep(a.duration)
+    t_end = time.monotonic()
+    diag = dict(mon.diag)
+    rep.stop()
+    rc, _ = node.stop()
+    mon.close()
+    rclpy.try_shutdown()
+
+    with mon.lock:
+        chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
+    period_ms = 1e3 / a.control_rate
+    t = np.array([c[0] for c in chunks])
+    gaps = np.diff(t) * 1e3 if t.size > 1 else np.array([])
+    first = {}
+    for c in chunks:
+        first.setdefault(c[3], c)
+    # camera -> chunk: steady-clock arrival of a chunk's first message minus the steady-clock publication of its
+    # frame (looked up by the restamped capture stamp); falls back to the ROS clock difference
+    lat = []
+    for c in first.values():
+        tp = published.get(c[2])
+        lat.append((c[0] - tp) * 1e3 if tp is not None else (c[1] - c[2]) / 1e6)
+    res = {
+        "host": platform.node(), "python": platform.python_version(),
+        "model": f"checkpoint {a.checkpoint}" if a.checkpoint else f"random {a.preset} (H={a.horizon})",
+        "frames": f"3 cameras {a.width}x{a.height} @ {a.fps:g} Hz", "duration_s": t_end - t_start,
+        "control_rate_target_hz": a.control_rate,
+        "control_rate_hz": len(chunks) / (t_end - t_start),
+        "interarrival_ms": stats_ms(gaps),
+        "jitter_abs_ms": stats_ms(np.abs(gaps - period_ms)),
+        "chunks_computed": len(first), "inference_rate_hz": len(first) / (t_end - t_start),
+        "camera_to_chunk_ms": stats_ms(lat),
+        "inference_latency_ms": stats_ms(c[5] for c in first.values()),
+        "node_exit_code": rc,
+        "diagnostics": {k: {"level": v[0], "message": v[1]} for k, v in diag.items()},
+    }
+    out.write_text(json.dumps(res, indent=2, default=float))
+    rows = [
+        ("action_chunk rate", f"{res['control_rate_hz']:.1f} Hz", f"target {a.control_rate:g} Hz"),
+        ("inter-arrival p50 / p99 / max", _ms(res["interarrival_ms"], ("p50", "p99", "max")),
+         f"period {period_ms:.2f} ms"),
+        ("|jitter| p50 / p99", _ms(res["jitter_abs_ms"], ("p50", "p99")), ""),
+        ("new chunks (inference)", f"{res['inference_rate_hz']:.1f} /s", f"{len(first)} chunks"),
+        ("camera -> chunk p50 / p99", _ms(res["camera_to_chunk_ms"], ("p50", "p99")), "frame published -> chunk"),
+        ("inference latency p50 / p99", _ms(res["inference_latency_ms"], ("p50", "p99")), "engine, in node"),
+    ]
+    print(f"\noxygen ros-bench: {res['model']}, {res['frames']}, {res['duration_s']:.1f} s measured")
+    print(f"{'metric':32s} {'value':>24s}   note")
+    print("-" * 80)
+    for name, val, note in rows:
+        print(f"{name:32s} {val:>24s}   {note}")
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _ms(s: dict, keys) -> str:
+    if not s.get("n"):
+        return "-"
+    return " / ".join(f"{s[k]:.1f}" for k in keys) + " ms"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
