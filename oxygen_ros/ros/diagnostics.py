@@ -125,11 +125,11 @@ def build_statuses(s: dict) -> list[Status]:
         lvl, msg = ERROR, f"node is {state}"
         if s.get("configure_error"):
             msg += f": {s['configure_error']}"
+    elif age is None:
+        lvl, msg = (ERROR if s.get("stale") else WARN), "no camera frame received yet"
     elif s.get("stale"):
         lvl, msg = ERROR, (f"observation too old ({vals['observation_age_s']:.2f} s > {max_age:.2f} s): "
                            "cameras stopped? no new action chunks")
-    elif age is None:
-        lvl, msg = WARN, "waiting for the first observation"
     elif target > 0 and measured < 0.8 * target:
         lvl, msg = WARN, f"control rate {measured:.1f} Hz below 80% of {target:.1f} Hz"
     else:

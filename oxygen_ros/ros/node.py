@@ -188,6 +188,7 @@ class OxygenNode(LifecycleNode):
         self._control_thread: threading.Thread | None = None
         self.control_late_ticks = 0
         self._buffer: ChunkBuffer | None = None
+        self._state_dim_max: int | None = None
 
         self._cb_inputs = MutuallyExclusiveCallbackGroup()
         self._cb_control = MutuallyExclusiveCallbackGroup()
@@ -329,6 +330,10 @@ class OxygenNode(LifecycleNode):
 
     # ------------------------------------------------------------------------------------------------ configure
     def _configure(self) -> None:
+        for name, spec in PARAMETERS.items():
+            rng = spec[3]
+            if isinstance(rng, tuple) and rng and isinstance(rng[0], str) and self.p(name) not in rng:
+                raise ConfigureError(f"parameter {name} must be one of {list(rng)}, got {self.p(name)!r}")
         topics = self.p("camera_topics")
         if len(topics) > 3:
             raise ConfigureError(f"camera_topics has {len(topics)} entries; the model has 3 camera slots")
@@ -413,6 +418,7 @@ class OxygenNode(LifecycleNode):
         if self._state_names and len(self._state_names) > cfg.action_dim:
             raise ConfigureError(f"state_joint_names has {len(self._state_names)} names, more than the model's "
                                  f"state size {cfg.action_dim}")
+        self._state_dim_max = cfg.action_dim
         processor = Processor(cfg, tok, norm_stats, action_dims=action_dims)
         self._action_dims = processor.action_dims
         self._horizon = cfg.action_horizon
@@ -496,6 +502,10 @@ class OxygenNode(LifecycleNode):
                 self._reject("joint_size", "empty position vector")
                 return
             vec = pos
+        if self._state_dim_max and len(vec) > self._state_dim_max:
+            self._reject("joint_size", f"{len(vec)} joint positions, more than the model's state size "
+                                       f"{self._state_dim_max} (set state_joint_names)")
+            return
         if not np.all(np.isfinite(vec)):
             self._reject("joint_nonfinite", "NaN/inf in joint positions")
             return
@@ -931,7 +941,12 @@ def main(argv=None, engine_factory=None) -> int:
     # a 1 ms switch interval (default 5 ms) bounds how long it waits for it.
     sys.setswitchinterval(0.001)
     rclpy.init(args=args)
-    node = OxygenNode(engine_factory=engine_factory)
+    try:
+        node = OxygenNode(engine_factory=engine_factory)
+    except Exception as exc:  # noqa: BLE001 - e.g. a parameter outside its declared range
+        print(f"oxygen_node: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
     executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
     rc = 0
