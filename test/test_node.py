@@ -33,7 +33,7 @@ STARTUP_S = 90.0        # torch import + model build on a loaded 2-core machine
 
 BASE_PARAMS = {"horizon": 50, "memory_interval_s": 1.5, "max_new_tokens": 12, "prompt_queue_size": 8,
                "max_prompt_chars": 200, "debug_fault_injection": True, "max_observation_age_s": 0.5,
-               "stale_behavior": "stop", "frame_rate_hz": 15.0}
+               "stale_behavior": "stop", "frame_rate_hz": 15.0, "subtask_enabled": True, "subtask_interval_s": 2.0}
 
 
 def stamp_ns(st) -> int:
@@ -171,6 +171,8 @@ def test_conversation_token_stream(env):
         assert all(t.finish_reason == "" for t in toks[:-1])
         assert len({t.frame_index for t in toks}) == 1
         assert "".join(t.text for t in toks) in texts
+    tasks = {m.task for _, m in list(env.tokens)}
+    assert {"conversation", "memory", "subtask"} <= tasks, tasks
 
 
 def test_memory_entries_published_and_stored(env):
