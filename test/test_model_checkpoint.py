@@ -57,6 +57,8 @@ def test_round_trip_bit_exact(tiny, tmp_path, layout):
     assert cfg == tiny.cfg
     assert same_weights(tiny, model)
     assert model.lm_head.weight is model.vlm.embed_tokens.weight
+    head = model.paligemma_with_expert.gemma_expert.lm_head.weight          # unused: shape only, no memory
+    assert head.shape == (cfg.vocab_size, cfg.expert.width) and head.stride() == (0, 0)
     for a, b in zip(outputs(tiny), outputs(model)):
         assert torch.equal(a, b)
     assert np.allclose(stats.actions.q99, [1, 2, 3]) and isinstance(tok, ByteTokenizer)

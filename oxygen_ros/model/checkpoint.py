@@ -158,11 +158,10 @@ def load_state_dict_into(model: Pi05Model, sd: dict, device: torch.device | str 
     # copy=True: fresh, aligned storage per tensor (views into the file buffer can take other BLAS paths)
     tensors = {k: sd[k].to(device=device, dtype=expected[k][1], copy=True).contiguous() for k in expected}
     dev = torch.device(device)
-    head = model.paligemma_with_expert.gemma_expert.lm_head
-    tensors[EXPERT_LM_HEAD] = torch.zeros(head.weight.shape, dtype=head.weight.dtype, device=dev)
     tensors[LM_HEAD] = tensors[EMBED]
-    model.load_state_dict(tensors, strict=True, assign=True)
+    model.load_state_dict(tensors, strict=True, assign=True)       # the expert lm_head (UnusedLMHead) is not a key
     model.tie_weights()
+    model.paligemma_with_expert.gemma_expert.lm_head.reset(dev)
     emb = model.vision.embeddings                     # non-persistent buffer (unused by our forward)
     emb.position_ids = torch.arange(emb.num_positions, device=dev).expand((1, -1))
     return model.to(dev)
