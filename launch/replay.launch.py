@@ -1,9 +1,9 @@
 """Launch oxygen_node fed by a bag: ``ros2 launch oxygen_ros replay.launch.py bag:=/path/to/bag``.
 
 This file owns the "node + bag replay" launch.  Arguments: ``bag`` (required; make one with ``oxygen make-bag``),
-``player`` (``ros2bag`` = ``ros2 bag play``, the default on a ROS install; ``oxygen`` = ``oxygen replay`` run through
-``ros2 run``, which needs no rosbag2 and restamps header.stamp to the time of publication), ``rate`` (1.0), ``loop`` (true), plus every
-argument of ``oxygen.launch.py`` (checkpoint, preset, device, params_file, namespace, camera remaps, ...), passed
+``player`` (``ros2bag`` = ``ros2 bag play``, the default on a ROS install; ``oxygen`` = ``oxygen replay`` run
+through ``ros2 run``, which needs no rosbag2 and restamps header.stamp to the time of publication), ``rate`` (1.0),
+``loop`` (true), plus every argument of ``oxygen.launch.py`` (checkpoint, preset, device, params_file, namespace, camera remaps, ...), passed
 through.  ``ros2 bag play`` keeps the recorded header stamps, which would make every frame older than
 ``max_observation_age_s``, so with that player the node takes capture time from message arrival
 (``stamp_source: receive``); alternatively run with ``use_sim_time:=true`` and a ``--clock`` player yourself.

@@ -2,8 +2,8 @@
 
 This file owns the timing semantics of published actions; it is pure Python/numpy (no rclpy) and unit-tested
 alone.  A chunk ``actions[H, A]`` computed from an observation captured at ``capture_time`` becomes available at
-``ready_time``.  Row ``i`` is meant for time ``origin + i * step_dt``, where ``origin`` is the first control tick at
-or after ``ready_time`` (``time_origin="arrival"``; the origin is ``ready_time`` itself, the openpi behaviour: the robot starts the chunk when it gets it)
+``ready_time``.  Row ``i`` is meant for time ``origin + i * step_dt``, where ``origin`` is ``ready_time``
+(``time_origin="arrival"``, the openpi behaviour: the robot starts a chunk when it gets it, row 0 at the first tick)
 or ``capture_time`` (``time_origin="capture"``: rows that inference latency already made past are skipped).  Each
 ``sample(now)`` returns the rows not yet executed at ``now`` (the *remainder*), or ``None``.  When a new chunk
 arrives while the previous one still has rows left, the first ``blend_steps`` overlapping rows are a linear

@@ -100,7 +100,8 @@ class Monitor:
             rclpy.init()
         self.node = rclpy.create_node(node_name)
         self.lock = threading.Lock()
-        self.chunks: list = []          # (t_recv_monotonic, recv_ros_ns, msg header ns, chunk_id, horizon, latency, age)
+        # (t_recv_monotonic, recv_ros_ns, header stamp ns, chunk_id, horizon, latency_ms, observation_age_s)
+        self.chunks: list = []
         self.tokens: list = []          # (t, request_id, task, index, text, is_final, finish_reason)
         self.responses: list = []       # (t, text)
         self.memory: list = []          # (t, entry_id, text)

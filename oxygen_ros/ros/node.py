@@ -12,15 +12,14 @@ the bounded conversation-prompt queue); a dedicated inference thread waits for a
 slot, builds an ``Observation`` and calls ``engine.cycle``; engine callbacks push chunks into ``ChunkBuffer`` and
 publish tokens; the control loop samples the buffer at ``control_rate_hz`` in its own thread with absolute
 (steady-clock) deadlines, so it never waits for inference or for the executor (with ``use_sim_time`` it is a ROS
-timer on the simulated clock instead, in its own callback group of a MultiThreadedExecutor).  Bad input is counted per reason (``/diagnostics``, ``inputs``)
-and logged with ``throttle_duration_sec``; an exception inside a cycle skips that cycle.  SIGINT/SIGTERM stop
+timer on the simulated clock instead, in its own callback group of a MultiThreadedExecutor).  Bad input is counted
+per reason (``/diagnostics``, ``inputs``) and logged with ``throttle_duration_sec``; an exception inside a cycle skips that cycle.  SIGINT/SIGTERM stop
 everything within a few seconds.  Run as ``oxygen_node`` / ``oxygen node`` / ``ros2 run oxygen_ros oxygen_node`` /
 ``python -m oxygen_ros.ros.node``.
 """
 from __future__ import annotations
 
 import collections
-import math
 import os
 import re
 import sys
@@ -34,7 +33,6 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.parameter import Parameter
 from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
 from builtin_interfaces.msg import Time as TimeMsg
 from diagnostic_msgs.msg import DiagnosticArray
@@ -897,7 +895,8 @@ class OxygenNode(LifecycleNode):
 # ---------------------------------------------------------------------------------------------------------------------
 class _ThrottleLogFilter:
     """Rate-limits repeated Python ``logging``/``warnings`` messages from the model/engine layers (e.g. a prompt
-    truncation warning on every cycle): the same message (digits ignored, first 80 characters) at most once per ``period_s``."""
+    truncation warning on every cycle): the same message (digits ignored, first 80 characters) at most once per
+    ``period_s``."""
 
     def __init__(self, period_s: float = 10.0):
         self.period_s = period_s
@@ -916,7 +915,6 @@ class _ThrottleLogFilter:
 
 def _throttle_python_logging() -> None:
     import logging  # noqa: PLC0415
-    import warnings  # noqa: PLC0415
 
     logging.captureWarnings(True)               # warnings.warn -> logging "py.warnings", throttled below
     f = _ThrottleLogFilter()
