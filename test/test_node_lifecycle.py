@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import time
 
-
 from conftest import NodeProcess, require_ros, start_replay, stop_proc
 
 require_ros()
