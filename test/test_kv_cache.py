@@ -14,6 +14,15 @@ from oxygen_ros.model import build_model, get_config
 from oxygen_ros.model.pi05 import DecodeBatch
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Toy-sized ops are fastest on one thread and do not stall when the CPUs are shared; restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def model():
     cfg = get_config("tiny", vision={"image_size": 64, "patch_size": 16}, max_token_len=24)

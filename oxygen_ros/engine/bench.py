@@ -1,0 +1,484 @@
+"""`python -m oxygen_ros.engine.bench` (`oxygen bench`): isolated vs shared vs oxygen on one model and one seeded
+input stream, back to back in one process. It builds the preset's model (random weights, seeded), synthetic frames
+(random images, seeded state and noise) and a language arrival schedule (one request per frame by default; Poisson
+arrivals and mixed lengths optional), measures the component costs (prefill, action sampling / denoise step, one
+batched decode step per batch size), derives the ideal oxygen-over-isolated speedup they imply, runs each mode with
+warm-up excluded, checks that the modes produced the same action chunks and the same tokens, and writes a table,
+JSON (with the hardware named) and a PNG (action Hz vs tokens/s per mode, and the k/N sweep when run).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..kv.cache import KVCacheManager
+from ..kv.pool import KVPool
+from ..model import Observation, Processor, build_model, get_config, load_tokenizer
+from ..model.pi05 import DecodeBatch
+from .engine import Engine, EngineConfig
+from .requests import LanguageRequest
+
+PROMPT = "pick up the red block"
+QUESTIONS = ["what do you see?", "where is the red block?", "is the gripper open?", "what is next?"]
+
+
+# ---------------------------------------------------------------------------------------------------------- inputs
+def make_frames(cfg, n: int, seed: int, state_dim: int = 7, masked_camera: Optional[int] = None) -> list:
+    rng = np.random.default_rng(seed)
+    S = cfg.image_size
+    frames = []
+    for i in range(n):
+        imgs = [rng.integers(0, 256, (S, S, 3), dtype=np.uint8) for _ in range(cfg.num_cameras)]
+        if masked_camera is not None:
+            imgs[masked_camera] = None
+        frames.append(Observation(images=imgs, state=rng.uniform(-1, 1, state_dim).astype(np.float32),
+                                  prompt=PROMPT, stamp=float(i) / 10.0, frame_index=i))
+    return frames
+
+
+def make_noise(cfg, n: int, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed + 1)
+    return [torch.randn((1, cfg.action_horizon, cfg.action_dim), generator=g) for _ in range(n)]
+
+
+def make_arrivals(n: int, seed: int, N: int, arrivals: str = "per-frame", mixed_lengths: bool = False,
+                  kinds=("subtask",), rate: float = 1.0) -> list:
+    """Per frame, a list of (kind, prompt, max_new_tokens)."""
+    rng = np.random.default_rng(seed + 2)
+    out, j = [], 0
+    for _ in range(n):
+        m = 1 if arrivals == "per-frame" else int(rng.poisson(rate))
+        row = []
+        for _ in range(m):
+            kind = kinds[j % len(kinds)]
+            prompt = "" if kind == "subtask" else QUESTIONS[j % len(QUESTIONS)]
+            n_new = int(rng.integers(max(1, N // 3), 2 * N + 1)) if mixed_lengths else N
+            row.append((kind, prompt, n_new))
+            j += 1
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------- timing
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_time(fn, reps: int, device) -> float:
+    ts = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+@torch.no_grad()
+def measure_components(model, processor, obs: Observation, N: int, S: int, max_batch: int, reps: int = 5,
+                       block_size: int = 16) -> dict:
+    """Median costs (seconds) of the primitives the engine composes: one prefill (batch 1, with logits), one action
+    sampling of S steps (and per step), one batched decode step at batch 1..max_batch reading a real frame prefix
+    plus ~N/2 private tokens (index building included, as the engine pays it)."""
+    dev = next(model.parameters()).device
+    cfg = model.cfg
+    mi = processor.prepare(obs)
+    images, im, toks, tm = (mi.images.to(dev), mi.image_masks.to(dev), mi.tokens.to(dev), mi.token_masks.to(dev))
+    pre = model.prefill(images, im, toks, tm, want_logits=True)
+    noise = torch.randn((1, cfg.action_horizon, cfg.action_dim), generator=torch.Generator().manual_seed(0)).to(dev)
+    t_prefill = _median_time(lambda: model.prefill(images, im, toks, tm, want_logits=True), reps, dev)
+    t_actions = _median_time(lambda: model.sample_actions(pre, noise, S), reps, dev)
+    pool = KVPool.from_config(cfg, num_blocks=(max_batch + 1) * (pool_blocks(cfg, block_size) + 8) + 8,
+                              block_size=block_size, dtype=model.dtype, device=dev)
+    kv = KVCacheManager(pool, max_batch=max_batch)
+    decode = {}
+    warm, meas = max(2, N // 2 - reps), reps
+    for b in range(1, max_batch + 1):
+        fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
+        rows = [kv.admit(LanguageRequest("subtask", "", warm + meas + 2), fp, shared_len=fp.length, first_token=5,
+                         max_new_tokens=warm + meas + 2, eos_token_id=None) for _ in range(b)]
+        kv.release(fp)
+        plan = kv.plan_decode(rows, [warm + meas] * b)
+        ids = torch.full((b,), 5, dtype=torch.long, device=dev)
+        ts = []
+        while plan.active:
+            _sync(dev)
+            t = time.perf_counter()
+            pos, w, r, m = kv.step_tensors(plan)
+            out = model.decode(DecodeBatch(ids, pos, w, r, m), pool)
+            nxt = out.next_ids.tolist()
+            ts.append(time.perf_counter() - t)
+            kv.commit_step(plan, nxt)
+            ids = out.next_ids
+        decode[b] = float(np.median(ts[warm:]))
+        for st in rows:
+            kv.finish(st, "length")
+    kv.check_invariants(idle=True)
+    return {"prefill_s": t_prefill, "actions_s": t_actions, "denoise_step_s": t_actions / S,
+            "decode_step_s": decode, "prefix_valid_tokens": int(pre.mask[0].sum()), "prefix_positions": pre.length}
+
+
+def pool_blocks(cfg, block_size):
+    return -(-cfg.prefix_len // block_size)
+
+
+# ---------------------------------------------------------------------------------------------------------- ideal
+def steady_state_schedule(N: int, k: int, frames: Optional[int] = None) -> list:
+    """Batch size of each decode call of one steady-state oxygen cycle (one arrival per frame, N tokens each, k tokens
+    per request per cycle, token 0 from the prefill), by running the engine's scheduling rule."""
+    frames = frames or 3 * math.ceil(N / k) + 3
+    active, last = [], []
+    for _ in range(frames):
+        active.append({"left": N - 1, "this": 1})           # token 0 comes from the prefix logits
+        steps = [min(k - r["this"], r["left"]) for r in active]
+        last = [sum(1 for s in steps if s > i) for i in range(max(steps, default=0))]
+        for r, s in zip(active, steps):
+            r["left"] -= max(s, 0)
+            r["this"] = 0
+        active = [r for r in active if r["left"] > 0]
+    return last
+
+
+def decode_cost(costs: dict, b: int) -> float:
+    d = costs["decode_step_s"]
+    if b in d:
+        return d[b]
+    bs = sorted(d)
+    hi, lo = bs[-1], bs[-2] if len(bs) > 1 else bs[-1]
+    slope = (d[hi] - d[lo]) / (hi - lo) if hi != lo else 0.0
+    return d[hi] + slope * (b - hi)
+
+
+def ideal(costs: dict, N: int, k: int) -> dict:
+    """Frame times the component costs imply (no scheduling overhead at all) and the implied speedups."""
+    P, A, d1 = costs["prefill_s"], costs["actions_s"], decode_cost(costs, 1)
+    iso = 2 * P + A + (N - 1) * d1
+    shared = P + A + (N - 1) * d1
+    sched = steady_state_schedule(N, k)
+    oxy = P + A + sum(decode_cost(costs, b) for b in sched)
+    return {"isolated_frame_s": iso, "shared_frame_s": shared, "oxygen_frame_s": oxy,
+            "oxygen_schedule": sched, "speedup_oxygen_vs_isolated": iso / oxy, "speedup_shared_vs_isolated": iso / shared}
+
+
+# ---------------------------------------------------------------------------------------------------------- runs
+def run_mode(model, processor, mode: str, frames: list, noise: list, arrivals: list, *, N: int, k, S: int,
+             warmup: int, target_period_s: Optional[float] = None, block_size: int = 16) -> dict:
+    """Warm-up frames (untimed, then drained), then the timed frames. Returns metrics, the action chunks and the
+    tokens of every timed request (requests still in flight at the end are drained untimed for the comparison)."""
+    max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
+    eng = Engine(model, processor, EngineConfig(mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S,
+                                                max_batch=max_rows, max_pending=10_000, kv_block_size=block_size,
+                                                target_period_s=target_period_s, k_max=max(64, 2 * N)))
+    for i in range(warmup):
+        for kind, prompt, n_new in arrivals[i % len(arrivals)]:
+            eng.submit(kind, prompt, n_new)
+        eng.cycle(frames[i % len(frames)], noise=noise[i % len(noise)])
+    eng.drain(frames[0])
+    eng.reset_metrics()
+    actions, order, texts = [], [], {}
+    eng.on_actions = actions.append
+    eng.on_finished = lambda r: texts.__setitem__(r.request_id, r.token_ids)
+    for i, (obs, nz, arr) in enumerate(zip(frames, noise, arrivals)):
+        for kind, prompt, n_new in arr:
+            order.append(eng.submit(kind, prompt, n_new))
+        eng.cycle(obs, noise=nz)
+    m = eng.metrics()
+    eng.on_actions = None
+    eng.drain(frames[-1])
+    eng.kv.check_invariants(idle=True)
+    m["kv_peak_over_live"] = (eng.pool.peak_tokens / eng.kv.peak_live_tokens) if eng.kv.peak_live_tokens else None
+    m["kv_bytes_after_drain"] = eng.pool.used_bytes
+    return {"metrics": m, "actions": np.stack([a.actions for a in actions]),
+            "tokens": [texts.get(r) for r in order]}
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+def hardware(device) -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    hw = {"host": socket.gethostname(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+          "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+          "device": str(device), "device_name": cpu}
+    if torch.device(device).type == "cuda":
+        hw["device_name"] = torch.cuda.get_device_name(torch.device(device))
+    try:
+        hw["load_avg"] = os.getloadavg()
+    except OSError:
+        pass
+    try:
+        hw["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=os.path.dirname(__file__), timeout=5).stdout.strip()
+    except Exception:
+        pass
+    return hw
+
+
+def _fmt(x, nd=1):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def table(results: dict, base: str = "isolated") -> str:
+    cols = ["mode", "frame ms", "action Hz", "tok/s", "tok/s tot", "cyc p50", "cyc p90", "cyc p99", "act lat p50",
+            "prefill/f", "batch", "KV peak MB", "x Hz", "x tok/s"]
+    rows = []
+    b = results.get(base, {}).get("metrics")
+    for name, r in results.items():
+        m = r["metrics"]
+        xs = [None, None]
+        if b and b.get("action_hz") and m.get("action_hz"):
+            xs = [m["action_hz"] / b["action_hz"], (m["tokens_per_s"] or 0) / b["tokens_per_s"] if b.get("tokens_per_s") else None]
+        rows.append([name, _fmt(m.get("cycle_ms_mean")), _fmt(m.get("action_hz")), _fmt(m.get("tokens_per_s")),
+                     _fmt(m.get("tokens_per_s_total")), _fmt(m.get("cycle_ms_p50")), _fmt(m.get("cycle_ms_p90")),
+                     _fmt(m.get("cycle_ms_p99")), _fmt(m.get("action_latency_ms_p50")),
+                     _fmt(m.get("prefills_per_frame"), 2), _fmt(m.get("batch_size_mean"), 2),
+                     _fmt((m.get("kv_bytes_peak") or 0) / 2 ** 20, 2), _fmt(xs[0], 2), _fmt(xs[1], 2)])
+    w = [max(len(str(c)), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda r: "  ".join(str(x).rjust(w[i]) if i else str(x).ljust(w[i]) for i, x in enumerate(r))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * x for x in w])] + [line(r) for r in rows])
+
+
+def plot(path: str, results: dict, sweep: Optional[list], title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = 2 if sweep else 1
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 5))
+    axes = np.atleast_1d(axes)
+    ax = axes[0]
+    for name, r in results.items():
+        m = r["metrics"]
+        ax.scatter(m["tokens_per_s"], m["action_hz"], s=60)
+        ax.annotate(name, (m["tokens_per_s"], m["action_hz"]), textcoords="offset points", xytext=(6, 4))
+    ax.set_xlabel("language tokens/s (mean over frames)")
+    ax.set_ylabel("action frequency (Hz) = H x frames / time")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    if sweep:
+        ax = axes[1]
+        for N in sorted({s["N"] for s in sweep}):
+            pts = sorted((s["k"], s["speedup_hz"], s["ideal_speedup"]) for s in sweep if s["N"] == N)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"N={N} measured")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", alpha=0.6, label=f"N={N} ideal")
+        ax.set_xlabel("k (tokens per request per frame)")
+        ax.set_ylabel("oxygen / isolated action frequency")
+        ax.set_title("k/N sweep", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x
+
+
+def compare(results: dict, base: str = "isolated") -> dict:
+    """Max relative action difference and token equality of each mode against `base`."""
+    out = {}
+    if base not in results:
+        return out
+    a0, t0 = results[base]["actions"], results[base]["tokens"]
+    for name, r in results.items():
+        if name == base or name.endswith("N=k") or r["actions"].shape != a0.shape:
+            continue
+        rel = float(np.max(np.abs(r["actions"] - a0)) / max(1e-12, float(np.max(np.abs(a0)))))
+        same = sum(1 for x, y in zip(r["tokens"], t0) if x is not None and x == y)
+        out[name] = {"actions_max_rel_diff": rel, "requests_same_tokens": same, "requests": len(t0)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="oxygen bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="bench-cpu")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
+    p.add_argument("--modes", default="isolated,shared,oxygen")
+    p.add_argument("--frames", type=int, default=50)
+    p.add_argument("--decode-tokens", "-N", type=int, default=30, dest="N")
+    p.add_argument("--k", default="5", help="tokens per request per frame, or 'adaptive'")
+    p.add_argument("--target-period-ms", type=float, default=None,
+                   help="cycle deadline for --k adaptive (default: the ideal oxygen frame time)")
+    p.add_argument("--denoise-steps", "-S", type=int, default=10, dest="S")
+    p.add_argument("--arrivals", choices=("per-frame", "poisson"), default="per-frame")
+    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per frame for --arrivals poisson")
+    p.add_argument("--mixed-lengths", action="store_true", help="max_new_tokens uniform in [N/3, 2N] per request")
+    p.add_argument("--kinds", default="subtask", help="request kinds, cycled: subtask,conversation,memory")
+    p.add_argument("--masked-camera", type=int, default=None, help="leave this camera slot empty")
+    p.add_argument("--warmup", type=int, default=None, help="untimed warm-up frames per mode (default 2*ceil(N/k)+2)")
+    p.add_argument("--no-shared-nk", action="store_true", help="skip the shared run with N=k (batching bound)")
+    p.add_argument("--sweep", action="store_true", help="also run the k/N grid (oxygen vs isolated)")
+    p.add_argument("--sweep-n", default="10,30,50")
+    p.add_argument("--sweep-k", default="1,5,10")
+    p.add_argument("--sweep-frames", type=int, default=12)
+    p.add_argument("--reps", type=int, default=5, help="repetitions per component cost")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>-<host>)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    k = "adaptive" if a.k == "adaptive" else int(a.k)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    kinds = tuple(x.strip() for x in a.kinds.split(",") if x.strip())
+    cfg = get_config(a.preset, num_denoise_steps=a.S)
+    dtype = a.dtype or cfg.dtype
+    model = build_model(cfg, device=a.device, dtype=dtype, seed=a.seed)
+    cfg = model.cfg
+    processor = Processor(cfg, load_tokenizer(cfg))
+    k_num = 1 if k == "adaptive" else k
+    warmup = a.warmup if a.warmup is not None else 2 * math.ceil(a.N / k_num) + 2
+    frames = make_frames(cfg, a.frames, a.seed, masked_camera=a.masked_camera)
+    noise = make_noise(cfg, a.frames, a.seed)
+    arrivals = make_arrivals(a.frames, a.seed, a.N, a.arrivals, a.mixed_lengths, kinds, a.rate)
+    out_dir = a.out or os.path.join("bench", "results",
+                                    _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" +
+                                    socket.gethostname())
+    os.makedirs(out_dir, exist_ok=True)
+    print(f"[bench] preset={a.preset} device={a.device} dtype={dtype} H={cfg.action_horizon} S={a.S} N={a.N} "
+          f"k={k} frames={a.frames} warmup={warmup} arrivals={a.arrivals} kinds={','.join(kinds)}", flush=True)
+
+    t = time.perf_counter()
+    max_b = max(8, math.ceil(a.N / k_num) + 2)
+    costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps, block_size=a.block_size)
+    ideal_k = k_num
+    ide = ideal(costs, a.N, ideal_k)
+    print(f"[bench] components ({time.perf_counter() - t:.1f}s): prefill {costs['prefill_s'] * 1e3:.1f} ms, "
+          f"actions {costs['actions_s'] * 1e3:.1f} ms ({costs['denoise_step_s'] * 1e3:.2f} ms/step), decode step "
+          + ", ".join(f"b{b} {v * 1e3:.2f}" for b, v in costs["decode_step_s"].items()) + " ms", flush=True)
+    print(f"[bench] ideal frame: isolated {ide['isolated_frame_s'] * 1e3:.1f} ms, shared "
+          f"{ide['shared_frame_s'] * 1e3:.1f} ms, oxygen {ide['oxygen_frame_s'] * 1e3:.1f} ms -> ideal speedup "
+          f"{ide['speedup_oxygen_vs_isolated']:.2f}x", flush=True)
+    target = (a.target_period_ms / 1e3) if a.target_period_ms else (ide["oxygen_frame_s"] if k == "adaptive" else None)
+
+    results = {}
+    for mode in modes:
+        t = time.perf_counter()
+        results[mode] = run_mode(model, processor, mode, frames, noise, arrivals, N=a.N, k=k, S=a.S, warmup=warmup,
+                                 target_period_s=target, block_size=a.block_size)
+        m = results[mode]["metrics"]
+        print(f"[bench] {mode}: {m['action_hz']:.1f} Hz, {m['tokens_per_s']:.1f} tok/s, frame "
+              f"{m['cycle_ms_mean']:.1f} ms ({time.perf_counter() - t:.1f}s)", flush=True)
+    if not a.no_shared_nk and "oxygen" in modes and k != "adaptive":
+        arr_k = [[(kd, p, min(n, k)) for kd, p, n in row] for row in arrivals]
+        results["shared_N=k"] = run_mode(model, processor, "shared", frames, noise, arr_k, N=k, k=k, S=a.S,
+                                         warmup=warmup, block_size=a.block_size)
+
+    summary = {}
+    if "isolated" in results and "oxygen" in results:
+        mi, mo = results["isolated"]["metrics"], results["oxygen"]["metrics"]
+        sp_hz = mo["action_hz"] / mi["action_hz"]
+        sp_tok = mo["tokens_per_s"] / mi["tokens_per_s"] if mi["tokens_per_s"] else None
+        summary = {"speedup_action_hz": sp_hz, "speedup_tokens_per_s": sp_tok,
+                   "ideal_speedup": ide["speedup_oxygen_vs_isolated"],
+                   "pct_of_ideal_hz": 100 * sp_hz / ide["speedup_oxygen_vs_isolated"],
+                   "pct_of_ideal_tokens": None if sp_tok is None else 100 * sp_tok / ide["speedup_oxygen_vs_isolated"],
+                   "oxygen_frame_ms": mo["cycle_ms_mean"], "ideal_oxygen_frame_ms": ide["oxygen_frame_s"] * 1e3,
+                   "isolated_frame_ms": mi["cycle_ms_mean"], "ideal_isolated_frame_ms": ide["isolated_frame_s"] * 1e3}
+        if "shared_N=k" in results:
+            fs = results["shared_N=k"]["metrics"]["cycle_ms_mean"]
+            summary["shared_N=k_frame_ms"] = fs
+            summary["oxygen_frame_over_shared_N=k"] = mo["cycle_ms_mean"] / fs
+
+    sweep = None
+    if a.sweep:
+        sweep = run_sweep(model, processor, cfg, a, costs)
+
+    eq = compare(results)
+    tab = table(results)
+    print()
+    print(tab)
+    print()
+    for key, v in summary.items():
+        print(f"  {key:32s} {v:.3f}" if isinstance(v, float) else f"  {key:32s} {v}")
+    for name, c in eq.items():
+        print(f"  {name} vs isolated: actions max rel diff {c['actions_max_rel_diff']:.2e}, "
+              f"{c['requests_same_tokens']}/{c['requests']} requests with identical tokens")
+    if sweep:
+        print("\n  k/N sweep (oxygen / isolated action Hz; ideal):")
+        for s in sweep:
+            print(f"    N={s['N']:3d} k={s['k']:3d}: {s['speedup_hz']:.2f}x (ideal {s['ideal_speedup']:.2f}x)")
+
+    doc = {"args": vars(a), "config": cfg.to_dict(), "hardware": hardware(a.device),
+           "component_costs": {"prefill_ms": costs["prefill_s"] * 1e3, "actions_ms": costs["actions_s"] * 1e3,
+                               "denoise_step_ms": costs["denoise_step_s"] * 1e3,
+                               "decode_step_ms": {b: v * 1e3 for b, v in costs["decode_step_s"].items()},
+                               "prefix_valid_tokens": costs["prefix_valid_tokens"],
+                               "prefix_positions": costs["prefix_positions"]},
+           "ideal": {**{kk: (v * 1e3 if kk.endswith("_s") else v) for kk, v in ide.items()}},
+           "summary": summary, "equivalence": eq,
+           "modes": {name: r["metrics"] for name, r in results.items()}, "sweep": sweep, "table": tab}
+    doc["ideal"] = {kk.replace("_s", "_ms") if kk.endswith("_s") else kk: v for kk, v in doc["ideal"].items()}
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(_jsonable(doc), f, indent=1)
+    with open(os.path.join(out_dir, "table.txt"), "w") as f:
+        f.write(tab + "\n")
+    title = (f"{a.preset} {a.device} {dtype}, H={cfg.action_horizon} S={a.S} N={a.N} k={k}, {a.frames} frames")
+    plot(os.path.join(out_dir, "results.png"), {n: r for n, r in results.items()}, sweep, title)
+    print(f"\n[bench] wrote {out_dir}/results.json, table.txt, results.png")
+    doc["out_dir"] = out_dir
+    return doc
+
+
+def run_sweep(model, processor, cfg, a, costs) -> list:
+    Ns = [int(x) for x in a.sweep_n.split(",")]
+    ks = [int(x) for x in a.sweep_k.split(",")]
+    n = a.sweep_frames
+    frames, noise = make_frames(cfg, n, a.seed), make_noise(cfg, n, a.seed)
+    out = []
+    for N in Ns:
+        arr = make_arrivals(n, a.seed, N)
+        iso = run_mode(model, processor, "isolated", frames, noise, arr, N=N, k=1, S=a.S, warmup=2,
+                       block_size=a.block_size)["metrics"]
+        for k in ks:
+            ox = run_mode(model, processor, "oxygen", frames, noise, arr, N=N, k=k, S=a.S,
+                          warmup=2 * math.ceil(N / k) + 2, block_size=a.block_size)["metrics"]
+            ide = ideal(costs, N, k)
+            row = {"N": N, "k": k, "isolated_hz": iso["action_hz"], "oxygen_hz": ox["action_hz"],
+                   "isolated_tok_s": iso["tokens_per_s"], "oxygen_tok_s": ox["tokens_per_s"],
+                   "speedup_hz": ox["action_hz"] / iso["action_hz"],
+                   "speedup_tok_s": ox["tokens_per_s"] / iso["tokens_per_s"] if iso["tokens_per_s"] else None,
+                   "ideal_speedup": ide["speedup_oxygen_vs_isolated"]}
+            print(f"[bench] sweep N={N} k={k}: {row['speedup_hz']:.2f}x (ideal {row['ideal_speedup']:.2f}x)",
+                  flush=True)
+            out.append(row)
+    return out
+
+
+if __name__ == "__main__":
+    main()
