@@ -183,3 +183,23 @@ def test_end_to_end_observation_to_robot_actions():
     acts = proc.unnormalize_actions(model.sample_actions(prefix, torch.randn(1, cfg.action_horizon,
                                                                              cfg.action_dim))[0])
     assert acts.shape == (cfg.action_horizon, 7) and np.isfinite(acts).all()
+
+
+def test_resize_matches_pil_bilinear_within_one_level():
+    """openpi resizes numpy images with PIL's bilinear filter; ours (torch, antialiased) agrees to 1/255."""
+    Image = pytest.importorskip("PIL.Image")
+
+    def pil_resize_with_pad(img, h, w):
+        ch, cw = img.shape[:2]
+        ratio = max(cw / w, ch / h)
+        rh, rw = int(ch / ratio), int(cw / ratio)
+        r = np.array(Image.fromarray(img).resize((rw, rh), resample=Image.BILINEAR))
+        out = np.zeros((h, w, 3), np.uint8)
+        out[(h - rh) // 2:(h - rh) // 2 + rh, (w - rw) // 2:(w - rw) // 2 + rw] = r
+        return out
+
+    rng = np.random.default_rng(0)
+    for shape in [(480, 640, 3), (100, 300, 3), (256, 256, 3), (120, 160, 3)]:
+        img = rng.integers(0, 256, shape, dtype=np.uint8)
+        diff = np.abs(resize_with_pad(img, 224, 224).astype(int) - pil_resize_with_pad(img, 224, 224).astype(int))
+        assert diff.max() <= 1 and diff.mean() < 0.3, shape
