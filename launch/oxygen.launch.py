@@ -12,6 +12,8 @@ This file owns how the node is launched on a ROS 2 install.  Arguments (all opti
   use_sim_time        true to follow /clock (e.g. `ros2 bag play --clock`)
   autostart           false to leave configure/activate to a lifecycle manager
   stamp_source        header | receive: where the observation capture time comes from ("" = params file)
+  fastdds_profile     Fast DDS XML profile for the node's process (e.g. <share>/oxygen_ros/config/
+                      fastdds_large_frames.xml; what matters for big frames is the camera driver's profile)
   log_level           ROS log level of the node (info)
 Only arguments given a non-empty value override the params file, so a robot-specific YAML stays in charge.
 """
@@ -45,6 +47,7 @@ def _node(context, *args, **kwargs):
         remappings=remaps,
         output="screen",
         emulate_tty=True,
+        additional_env={"FASTDDS_DEFAULT_PROFILES_FILE": get("fastdds_profile")} if get("fastdds_profile") else None,
         arguments=["--ros-args", "--log-level", get("log_level")],
     )]
 
@@ -60,6 +63,7 @@ def generate_launch_description():
         DeclareLaunchArgument("use_sim_time", default_value="false", description="follow /clock"),
         DeclareLaunchArgument("autostart", default_value="", description="configure+activate at start"),
         DeclareLaunchArgument("joint_states", default_value="", description="remap joint_states"),
+        DeclareLaunchArgument("fastdds_profile", default_value="", description="Fast DDS XML profile for the node"),
         DeclareLaunchArgument("stamp_source", default_value="", description="header | receive"),
         DeclareLaunchArgument("log_level", default_value="info", description="node log level"),
     ] + [DeclareLaunchArgument(arg, default_value="", description=f"remap {topic}") for arg, topic in _CAMERAS.items()]

@@ -1,12 +1,14 @@
 """Launch oxygen_node fed by a bag: ``ros2 launch oxygen_ros replay.launch.py bag:=/path/to/bag``.
 
-This file owns the "node + bag replay" launch.  Arguments: ``bag`` (required; make one with ``oxygen make-bag``),
-``player`` (``ros2bag`` = ``ros2 bag play``, the default on a ROS install; ``oxygen`` = ``oxygen replay`` run
-through ``ros2 run``, which needs no rosbag2 and restamps header.stamp to the time of publication), ``rate`` (1.0),
-``loop`` (true), plus every argument of ``oxygen.launch.py`` (checkpoint, preset, device, params_file, namespace, camera remaps, ...), passed
-through.  ``ros2 bag play`` keeps the recorded header stamps, which would make every frame older than
-``max_observation_age_s``, so with that player the node takes capture time from message arrival
-(``stamp_source: receive``); alternatively run with ``use_sim_time:=true`` and a ``--clock`` player yourself.
+This file owns the "node + bag replay" launch. Arguments: ``bag`` (required; make one with ``oxygen make-bag``),
+``player`` (``ros2bag`` = ``ros2 bag play``, the default on a ROS install; ``oxygen`` = ``oxygen replay`` run through
+``ros2 run``, which needs no rosbag2 and restamps header.stamp to the time of publication), ``rate`` (1.0), ``loop``
+(true), plus every argument of ``oxygen.launch.py`` (checkpoint, preset, device, params_file, namespace, camera
+remaps, ...), passed through; ``player_fastdds_profile`` (default: the shipped 32 MiB shared-memory profile, needed
+for frames over 512 KiB) is given to the player process. ``ros2 bag play`` keeps the recorded header stamps, which
+would make every frame older than ``max_observation_age_s``, so with that player the node takes capture time from
+message arrival (``stamp_source: receive``); alternatively run with ``use_sim_time:=true`` and a ``--clock`` player
+yourself.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, ExecuteProcess, IncludeLaunchDescription, OpaqueFunction
@@ -17,7 +19,7 @@ from launch_ros.substitutions import FindPackageShare
 _TOPICS = ("/camera/base/image_raw", "/camera/left_wrist/image_raw", "/camera/right_wrist/image_raw",
            "/joint_states", "/instruction", "/conversation/prompt")
 _PASS = ("checkpoint", "preset", "device", "params_file", "namespace", "use_sim_time", "autostart",
-         "camera_base", "camera_left_wrist", "camera_right_wrist", "joint_states", "log_level")
+         "camera_base", "camera_left_wrist", "camera_right_wrist", "joint_states", "log_level", "fastdds_profile")
 
 
 def _actions(context, *args, **kwargs):
@@ -25,15 +27,17 @@ def _actions(context, *args, **kwargs):
     bag, rate, ns, player = get("bag"), get("rate"), get("namespace").strip("/"), get("player")
     loop = get("loop").lower() in ("true", "1", "yes")
     launch_args = {name: get(name) for name in _PASS}
+    # the player writes the camera frames: give it the big shared-memory segment (frames > 512 KiB)
+    env = {"FASTDDS_DEFAULT_PROFILES_FILE": get("player_fastdds_profile")} if get("player_fastdds_profile") else None
     if player == "oxygen":
         cmd = ["ros2", "run", "oxygen_ros", "oxygen", "replay", bag, "--rate", rate] + \
               (["--loop"] if loop else []) + (["--namespace", ns] if ns else [])
-        proc = ExecuteProcess(cmd=cmd, output="screen", name="oxygen_replay")
+        proc = ExecuteProcess(cmd=cmd, output="screen", name="oxygen_replay", additional_env=env)
     else:
         cmd = ["ros2", "bag", "play", bag, "--rate", rate] + (["--loop"] if loop else [])
         if ns:
             cmd += ["--remap"] + [f"{t}:=/{ns}{t}" for t in _TOPICS]
-        proc = ExecuteProcess(cmd=cmd, output="screen", name="ros2_bag_play")
+        proc = ExecuteProcess(cmd=cmd, output="screen", name="ros2_bag_play", additional_env=env)
         if launch_args["use_sim_time"].lower() not in ("true", "1", "yes"):
             launch_args["stamp_source"] = "receive"     # recorded stamps are old (see the module docstring)
     oxygen_launch = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "launch", "oxygen.launch.py"])
@@ -44,6 +48,7 @@ def _actions(context, *args, **kwargs):
 
 def generate_launch_description():
     default_params = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "oxygen.yaml"])
+    large_frames = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "fastdds_large_frames.xml"])
     args = [
         DeclareLaunchArgument("bag", description="rosbag2 directory to play"),
         DeclareLaunchArgument("player", default_value="ros2bag", choices=["ros2bag", "oxygen"],
@@ -62,5 +67,8 @@ def generate_launch_description():
         DeclareLaunchArgument("camera_right_wrist", default_value=""),
         DeclareLaunchArgument("joint_states", default_value=""),
         DeclareLaunchArgument("log_level", default_value="info"),
+        DeclareLaunchArgument("fastdds_profile", default_value=""),
+        DeclareLaunchArgument("player_fastdds_profile", default_value=large_frames,
+                              description="Fast DDS profile of the bag player ('' = none)"),
     ]
     return LaunchDescription(args + [OpaqueFunction(function=_actions)])

@@ -77,9 +77,15 @@ def load_launch(monkeypatch):
     return load
 
 
+def _resolve(v):
+    if isinstance(v, str):
+        return v
+    share, *rest = v.args[0]           # PathJoinSubstitution([FindPackageShare(pkg), ...])
+    return "/".join([f"<share>/{share.args[0]}", *rest])
+
+
 def _defaults(declared, **given):
-    vals = {k: (v if isinstance(v, str) else "<share>/oxygen_ros/config/oxygen.yaml") for k, v in declared.items()
-            if v is not None}
+    vals = {k: _resolve(v) for k, v in declared.items() if v is not None}
     vals.update(given)
     return _Context(vals)
 
@@ -98,6 +104,7 @@ def test_oxygen_launch(load_launch):
     params_file, overrides = node.kwargs["parameters"]
     assert params_file.endswith("config/oxygen.yaml")
     assert overrides == {"use_sim_time": False}, "empty arguments must not override the params file"
+    assert node.kwargs["additional_env"] is None
     assert node.kwargs["remappings"] == [] and node.kwargs["namespace"] == ""
 
     ctx = _defaults(declared, checkpoint="/models/pi05", namespace="robot1", use_sim_time="true",
@@ -119,6 +126,8 @@ def test_replay_launch(load_launch):
     assert "/camera/base/image_raw:=/r1/camera/base/image_raw" in cmd
     args = dict(include.kwargs["launch_arguments"])
     assert args["stamp_source"] == "receive" and args["namespace"] == "r1"
+    assert proc.kwargs["additional_env"]["FASTDDS_DEFAULT_PROFILES_FILE"].endswith(
+        "oxygen_ros/config/fastdds_large_frames.xml")
     include, proc = opaque[0].kwargs["function"](_defaults(declared, bag="/bags/demo", player="oxygen",
                                                            loop="false"))
     assert proc.kwargs["cmd"][:6] == ["ros2", "run", "oxygen_ros", "oxygen", "replay", "/bags/demo"]

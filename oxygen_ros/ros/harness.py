@@ -5,7 +5,8 @@ This file owns no ROS logic of its own.  ``default_params_file()`` finds ``confi
 installed share dir); ``NodeProcess`` starts ``python -m oxygen_ros.ros.node`` with that file plus overrides, logs to
 a file and stops it with SIGINT; ``Monitor`` subscribes to every node output (``action_chunk``,
 ``language/tokens``, ``conversation/response``, ``memory/entries``, ``/diagnostics``) recording arrival times on
-the steady clock; ``stats_ms`` gives percentiles.
+the steady clock; ``stats_ms`` gives percentiles; ``use_large_frame_profile`` points Fast DDS at
+``config/fastdds_large_frames.xml`` (32 MiB shared-memory segment) unless the user chose a profile.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["default_params_file", "NodeProcess", "Monitor", "stats_ms", "isolate_dds"]
+__all__ = ["default_params_file", "NodeProcess", "Monitor", "stats_ms", "isolate_dds", "use_large_frame_profile",
+           "large_frame_profile"]
 
 
 def isolate_dds() -> None:
@@ -27,6 +29,34 @@ def isolate_dds() -> None:
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     if not os.environ.get("AMENT_PREFIX_PATH"):
         os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+    use_large_frame_profile()
+
+
+def large_frame_profile() -> Path | None:
+    """The shipped Fast DDS profile with a 32 MiB shared-memory segment (config/fastdds_large_frames.xml)."""
+    here = Path(__file__).resolve().parents[2] / "config" / "fastdds_large_frames.xml"
+    if here.is_file():
+        return here
+    try:
+        from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
+        p = Path(get_package_share_directory("oxygen_ros")) / "config" / "fastdds_large_frames.xml"
+        return p if p.is_file() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def use_large_frame_profile() -> None:
+    """Frames over ~512 KiB leave Fast DDS's default shared-memory segment and best-effort delivery then loses
+    most of them; a writer of camera frames (replay) should use the big-segment profile.  Only when the user chose
+    no profile and no other RMW.  Must run before rclpy.init() in this process; child processes inherit it."""
+    if os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE"):
+        return
+    if os.environ.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp") not in ("rmw_fastrtps_cpp",
+                                                                         "rmw_fastrtps_dynamic_cpp"):
+        return
+    p = large_frame_profile()
+    if p is not None:
+        os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = str(p)
 
 
 def default_params_file() -> Path:

@@ -1,21 +1,21 @@
 """``oxygen_node``: the lifecycle node around the engine (parameters, subscriptions, timers, publishers, threads).
 
-This file owns the ROS shell.  Lifecycle: *configure* loads the model (``load_checkpoint(checkpoint)`` when the
+This file owns the ROS shell. Lifecycle: *configure* loads the model (``load_checkpoint(checkpoint)`` when the
 ``checkpoint`` parameter is set, else random weights of ``preset``), builds the ``Processor`` and the ``Engine``
 (which preallocates the KV pool) and opens the memory database; *activate* starts the inference thread, the control
-timer and the lifecycle publishers; *deactivate* stops them; *cleanup* frees the engine and model.  With
-``autostart`` (default) the node runs configure + activate itself; if configure fails there (missing/corrupt
-checkpoint, bad parameter) it logs why, publishes one ERROR diagnostic and exits with status 2 (so ``ros2 launch``
-reports the death); without autostart it stays unconfigured, reports ERROR on ``/diagnostics`` and a lifecycle
-manager may retry.  Threads: input callbacks only validate and store the latest message per input (no queues, except
-the bounded conversation-prompt queue); a dedicated inference thread waits for a new frame from the first camera
-slot, builds an ``Observation`` and calls ``engine.cycle``; engine callbacks push chunks into ``ChunkBuffer`` and
-publish tokens; the control loop samples the buffer at ``control_rate_hz`` in its own thread with absolute
-(steady-clock) deadlines, so it never waits for inference or for the executor (with ``use_sim_time`` it is a ROS
-timer on the simulated clock instead, in its own callback group of a MultiThreadedExecutor).  Bad input is counted
-per reason (``/diagnostics``, ``inputs``) and logged with ``throttle_duration_sec``; an exception inside a cycle skips that cycle.  SIGINT/SIGTERM stop
-everything within a few seconds.  Run as ``oxygen_node`` / ``oxygen node`` / ``ros2 run oxygen_ros oxygen_node`` /
-``python -m oxygen_ros.ros.node``.
+timer and the lifecycle publishers; *deactivate* stops them; *cleanup* frees the engine and model. With ``autostart``
+(default) the node runs configure + activate itself; if configure fails there (missing/corrupt checkpoint, bad
+parameter) it logs why, publishes one ERROR diagnostic and exits with status 2 (so ``ros2 launch`` reports the
+death); without autostart it stays unconfigured, reports ERROR on ``/diagnostics`` and a lifecycle manager may retry.
+Threads: input callbacks only validate and store the latest message per input (no queues, except the bounded
+conversation-prompt queue); a dedicated inference thread waits for a new frame from the first camera slot, builds an
+``Observation`` and calls ``engine.cycle``; engine callbacks push chunks into ``ChunkBuffer`` and publish tokens; the
+control loop samples the buffer at ``control_rate_hz`` in its own thread with absolute (steady-clock) deadlines, so
+it never waits for inference or for the executor (with ``use_sim_time`` it is a ROS timer on the simulated clock
+instead, in its own callback group of a MultiThreadedExecutor). Bad input is counted per reason (``/diagnostics``,
+``inputs``) and logged with ``throttle_duration_sec``; an exception inside a cycle skips that cycle. SIGINT/SIGTERM
+stop everything within a few seconds. Run as ``oxygen_node`` / ``oxygen node`` / ``ros2 run oxygen_ros oxygen_node``
+/ ``python -m oxygen_ros.ros.node``.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ message that starts with a ``std_msgs/Header`` is overwritten in the CDR bytes w
 publication (so the node's observation-age checks see live data and published chunks carry the replayed frames'
 new capture times); ``--no-restamp`` keeps the recorded stamps (the node will then treat them as stale unless
 ``max_observation_age_s`` is large).  Replay publishes with reliable QoS (matches both reliable and best-effort
-subscribers).
+subscribers) and, unless told otherwise, uses ``config/fastdds_large_frames.xml`` so frames over 512 KiB are not lost.
 """
 from __future__ import annotations
 
@@ -348,6 +348,9 @@ def replay_main(argv=None) -> int:
     p.add_argument("--exclude", nargs="*", default=(), help="skip these recorded topics")
     p.add_argument("--wait", type=float, default=3.0,
                    help="wait up to this many seconds for a subscriber before starting (default: %(default)s)")
+    p.add_argument("--no-large-frame-profile", dest="large_frame_profile", action="store_false",
+                   help="do not point Fast DDS at config/fastdds_large_frames.xml (default: do, unless "
+                        "FASTDDS_DEFAULT_PROFILES_FILE is set): frames over ~512 KiB need its 32 MiB SHM segment")
     p.add_argument("--quiet", action="store_true")
     a, ros_args = p.parse_known_args(argv)
     bag = a.bag
@@ -357,6 +360,9 @@ def replay_main(argv=None) -> int:
         print(f"oxygen replay: {a.bag} is not a rosbag2 directory (no metadata.yaml)", file=sys.stderr)
         return 2
 
+    if a.large_frame_profile:
+        from oxygen_ros.ros.harness import use_large_frame_profile  # noqa: PLC0415
+        use_large_frame_profile()
     import rclpy  # noqa: PLC0415
     from rclpy.executors import ExternalShutdownException  # noqa: PLC0415
 
