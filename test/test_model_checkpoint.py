@@ -61,7 +61,12 @@ def test_round_trip_bit_exact(tiny, tmp_path, layout):
     assert head.shape == (cfg.vocab_size, cfg.expert.width) and head.stride() == (0, 0)
     for a, b in zip(outputs(tiny), outputs(model)):
         assert torch.equal(a, b)
-    assert np.allclose(stats.actions.q99, [1, 2, 3]) and isinstance(tok, ByteTokenizer)
+    assert np.allclose(stats.actions.q99, [1, 2, 3]) and np.allclose(stats.state.q01, [-1, -2])
+    assert isinstance(tok, ByteTokenizer)
+    if layout == "lerobot":                 # stats in LeRobot's processor files, not assets/
+        assert not (tmp_path / "assets").exists()
+        assert load_file(tmp_path / "policy_preprocessor_step_3_normalizer_processor.safetensors")[
+            "observation.state.q99"].tolist() == [1, 2]
 
 
 def test_bf16_checkpoint_keeps_fp32_plan(tmp_path):
@@ -80,7 +85,9 @@ def test_bf16_checkpoint_keeps_fp32_plan(tmp_path):
 def test_lerobot_old_names_and_expert_head_ignored(tiny, tmp_path):
     sd = {("model." + k).replace("model.time_mlp_", "model.action_time_mlp_"): v.contiguous()
           for k, v in tiny.state_dict().items() if k != EMBED}
-    sd["model." + EXPERT_LM_HEAD] = torch.randn_like(sd["model." + EXPERT_LM_HEAD])     # garbage: unused
+    sd["model." + EXPERT_LM_HEAD] = torch.randn(sd["model." + EXPERT_LM_HEAD].shape)    # garbage: unused
+    vt = "model.paligemma_with_expert.paligemma.model.vision_tower."        # flattened SigLIP (newer transformers)
+    sd = {k.replace(vt + "vision_model.", vt): v for k, v in sd.items()}
     assert "model.action_time_mlp_in.weight" in sd
     save_file(sd, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({"type": "pi05", "chunk_size": 10, "max_action_dim": 32,

@@ -3,7 +3,7 @@
 Reads a converted openpi PyTorch directory (``model.safetensors``, ``config.json`` with ``action_dim,
 action_horizon, paligemma_variant, action_expert_variant, precision``, ``assets/<asset_id>/norm_stats.json``, optional
 ``paligemma_tokenizer.model``) and LeRobot ``pi05`` files (keys prefixed ``model.``, older ``action_time_mlp_*`` renamed
-to ``time_mlp_*``).  The tied LM head is stored once, as ``paligemma.lm_head.weight``, and copied into
+to ``time_mlp_*``, stats in ``policy_{pre,post}processor_step_*_{normalizer,unnormalizer}_processor.safetensors``).  The tied LM head is stored once, as ``paligemma.lm_head.weight``, and copied into
 ``embed_tokens``; the unused expert ``lm_head`` is ignored; every other key is checked strictly (a ``CheckpointError``
 lists missing / unexpected / mis-shaped keys).  Parameters keep the model's dtype plan (fp32 for patch/position
 embeddings, norms, action/time projections).  ``save_checkpoint`` writes both layouts (used by tests and to make tiny
@@ -108,8 +108,12 @@ def config_to_json(cfg: Pi05Config, layout: str) -> dict:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+_VISION_TOWER = "paligemma_with_expert.paligemma.model.vision_tower."
+
+
 def _normalize_keys(sd: dict) -> dict:
-    """LeRobot ``model.`` prefix off, ``action_time_mlp_*`` -> ``time_mlp_*``."""
+    """LeRobot ``model.`` prefix off, ``action_time_mlp_*`` -> ``time_mlp_*``, and a SigLIP tower saved without the
+    ``vision_model.`` level (newer transformers flatten it) put back under it."""
     if sd and all(k.startswith("model.") for k in sd):
         sd = {k[len("model."):]: v for k, v in sd.items()}
     out = {}
@@ -117,6 +121,8 @@ def _normalize_keys(sd: dict) -> dict:
         for old, new in _RENAMES:
             if k.startswith(old):
                 k = new + k[len(old):]
+        if k.startswith(_VISION_TOWER) and not k.startswith(_VISION_TOWER + "vision_model."):
+            k = _VISION_TOWER + "vision_model." + k[len(_VISION_TOWER):]
         out[k] = v
     return out
 
@@ -172,10 +178,33 @@ def load_state_dict_into(model: Pi05Model, sd: dict, device: torch.device | str 
 # ------------------------------------------------------------------------------------------------------------------
 
 
+LEROBOT_NORMALIZER = "policy_preprocessor_step_*_normalizer_processor.safetensors"
+LEROBOT_UNNORMALIZER = "policy_postprocessor_step_*_unnormalizer_processor.safetensors"
+
+
 def _find_norm_stats(path: str) -> str | None:
     cands = sorted(glob.glob(os.path.join(path, "assets", "*", "norm_stats.json")))
     cands += [p for p in (os.path.join(path, "norm_stats.json"),) if os.path.isfile(p)]
     return cands[0] if cands else None
+
+
+def _lerobot_norm_stats(path: str) -> NormStats | None:
+    """LeRobot keeps stats in processor files: ``observation.state.<stat>`` (preprocessor normalizer) and
+    ``action.<stat>`` (postprocessor unnormalizer, or the preprocessor), stat in mean/std/q01/q99/..."""
+    files = sorted(glob.glob(os.path.join(path, LEROBOT_NORMALIZER))) + \
+        sorted(glob.glob(os.path.join(path, LEROBOT_UNNORMALIZER)))
+    if not files:
+        return None
+    flat = {}
+    for f in files:
+        flat.update({k: v.float().numpy() for k, v in _read_weights(f).items()})
+    d = {}
+    for feature, name in (("observation.state", "state"), ("action", "actions")):
+        stats = {stat: flat[f"{feature}.{stat}"].reshape(-1).tolist() for stat in ("mean", "std", "q01", "q99")
+                 if f"{feature}.{stat}" in flat}
+        if stats:
+            d[name] = stats
+    return NormStats.from_dict({"norm_stats": d}) if d else None
 
 
 def _read_weights(file: str) -> dict:
@@ -222,6 +251,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
             norm_stats = NormStats.load(ns_file)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"bad norm stats {ns_file}: {e}") from e
+    else:
+        norm_stats = _lerobot_norm_stats(path)
     try:
         tokenizer = load_tokenizer(cfg, checkpoint_dir=path, path=tokenizer_path)
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:
@@ -245,6 +276,13 @@ def save_checkpoint(model: Pi05Model, path: str | os.PathLike, layout: str = "op
     save_file(tensors, os.path.join(path, WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(path, CONFIG), "w") as f:
         json.dump(config_to_json(model.cfg, layout), f, indent=2)
-    if norm_stats is not None:
+    if norm_stats is not None and layout == "openpi":
         os.makedirs(os.path.join(path, "assets", asset_id), exist_ok=True)
         norm_stats.save(os.path.join(path, "assets", asset_id, "norm_stats.json"))
+    elif norm_stats is not None:                     # LeRobot: processor safetensors files
+        for fname, feature, stats in (
+                (LEROBOT_NORMALIZER.replace("*", "3"), "observation.state", norm_stats.state),
+                (LEROBOT_UNNORMALIZER.replace("*", "0"), "action", norm_stats.actions)):
+            if stats is not None:
+                save_file({f"{feature}.{k}": torch.tensor(v, dtype=torch.float32)
+                           for k, v in stats.to_dict().items()}, os.path.join(path, fname))
