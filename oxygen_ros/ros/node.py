@@ -317,6 +317,9 @@ class OxygenNode(LifecycleNode):
 
     def _teardown_engine(self) -> None:
         self.engine = None
+        with self._lock:
+            self._requests.clear()
+            self._prompts.clear()
         if self._memory is not None:
             self._memory.close()
             self._memory = None
