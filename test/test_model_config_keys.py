@@ -131,3 +131,10 @@ def test_model_package_never_imports_rclpy():
     assert "rclpy" not in src.replace("never rclpy", "").replace("never imports rclpy", "")
     code = "import sys, oxygen_ros.model; assert 'rclpy' not in sys.modules, 'rclpy imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_timing_helper_runs():
+    from oxygen_ros.model.timing import measure
+    r = measure("tiny", repeats=1, decode_batches=(2,))
+    assert r["prefix_len"] == 3 * 49 + 96
+    assert all(r[k] > 0 for k in ("prefill_ms", "sample_actions_ms", "frame_ms", "decode_b2_ms"))

@@ -70,27 +70,27 @@ def time_cond(model, t):
 
 
 def build_mask(types, valid, mode):
-    """types/valid [T] -> allowed [T, T] (query, key) by the rules of ARCHITECTURE.md, written per token pair."""
-    T = len(types)
-    m = torch.zeros(T, T, dtype=torch.bool)
-    for i in range(T):
-        for j in range(T):
-            if not (valid[i] and valid[j]):
-                continue
-            ti, tj = types[i], types[j]
-            if ti in (IMG, TXT) and tj in (IMG, TXT):            # prefix
-                if mode == "upstream":
-                    m[i, j] = True
-                elif ti == IMG:
-                    m[i, j] = tj == IMG
-                else:
-                    m[i, j] = tj == IMG or j <= i
-            elif ti == GEN:
-                m[i, j] = tj in (IMG, TXT) or (tj == GEN and j <= i)
-            elif ti == ACT:
-                m[i, j] = tj in (IMG, TXT, ACT)
-        if not valid[i]:
-            m[i, i] = True                                       # keep the softmax defined; output unused
+    """types/valid [T] -> allowed [T, T] (query i, key j) by the rules of ARCHITECTURE.md, as a table of
+    (query type, key type) -> rule, applied to every pair."""
+    t = torch.tensor(types)
+    ok = torch.tensor(valid)
+    i = torch.arange(len(types))[:, None]
+    j = torch.arange(len(types))[None, :]
+    ti, tj = t[:, None], t[None, :]
+    before = j <= i
+    rules = {   # (query, key): allowed?
+        (IMG, IMG): torch.ones_like(before),
+        (IMG, TXT): torch.ones_like(before) if mode == "upstream" else torch.zeros_like(before),
+        (TXT, IMG): torch.ones_like(before),
+        (TXT, TXT): torch.ones_like(before) if mode == "upstream" else before,
+        (GEN, IMG): torch.ones_like(before), (GEN, TXT): torch.ones_like(before), (GEN, GEN): before,
+        (ACT, IMG): torch.ones_like(before), (ACT, TXT): torch.ones_like(before), (ACT, ACT): torch.ones_like(before),
+    }
+    m = torch.zeros(len(types), len(types), dtype=torch.bool)
+    for (a, b), rule in rules.items():
+        m |= (ti == a) & (tj == b) & rule
+    m &= ok[:, None] & ok[None, :]
+    m |= torch.eye(len(types), dtype=torch.bool) & ~ok[:, None]     # keep the softmax defined; output unused
     return m
 
 
@@ -499,3 +499,20 @@ def test_extend_prefix_refused_in_upstream_mode():
         m.prefill_images(images, im)
     with pytest.raises(ValueError, match="image_isolated"):
         m.extend_prefix(m.prefill(images, im, tokens, tm), tokens, tm)
+
+
+def test_degenerate_masks_stay_finite(iso_model):
+    """All cameras masked and no prompt tokens in one row, a decode row that sees only its own token: no NaN/inf."""
+    cfg = iso_model.cfg
+    images, _, tokens, _ = make_inputs(cfg, B=2, seed=19)
+    im = torch.tensor([[False, False, False], [True, True, True]])
+    tm = torch.zeros(2, L, dtype=torch.bool)
+    prefix = iso_model.prefill(images, im, tokens, tm, want_logits=True)
+    assert prefix.next_position.tolist() == [0, cfg.num_image_tokens]
+    assert all(torch.isfinite(k).all() for k in prefix.k + prefix.v) and torch.isfinite(prefix.last_logits).all()
+    acts = iso_model.sample_actions(prefix, torch.randn(2, cfg.action_horizon, cfg.action_dim), num_steps=2)
+    assert torch.isfinite(acts).all()
+    kv = FlatKV(cfg, 4)
+    out = iso_model.decode(DecodeBatch(torch.tensor([5]), torch.tensor([0]), torch.tensor([2]),
+                                       torch.tensor([[0, 1, 2]]), torch.tensor([[False, False, True]])), kv)
+    assert torch.isfinite(out.logits).all()

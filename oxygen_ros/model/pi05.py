@@ -598,8 +598,8 @@ class Pi05Model(nn.Module):
         # per-layer [prefix | suffix] K/V buffers: the prefix is copied in once per call (not per step) and only the
         # suffix part is rewritten each step; the caller's prefix tensors are never written.
         P = prefix.length
-        kbuf = [torch.cat([k.to(self.dtype), k.new_zeros(B, H, *k.shape[2:]).to(self.dtype)], 1) for k in prefix.k]
-        vbuf = [torch.cat([v.to(self.dtype), v.new_zeros(B, H, *v.shape[2:]).to(self.dtype)], 1) for v in prefix.v]
+        kbuf = [torch.cat([k.to(self.dtype), k.new_empty(B, H, *k.shape[2:], dtype=self.dtype)], 1) for k in prefix.k]
+        vbuf = [torch.cat([v.to(self.dtype), v.new_empty(B, H, *v.shape[2:], dtype=self.dtype)], 1) for v in prefix.v]
 
         def kv_hook(l, k, v):
             kbuf[l][:, P:] = k
