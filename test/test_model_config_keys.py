@@ -108,6 +108,9 @@ def test_invalid_configs_refused():
         get_config("pi0")
     with pytest.raises(ValueError, match="joint attention"):
         get_config("tiny", expert={"head_dim": 32})
+    with pytest.raises(ValueError, match="dtype"):
+        get_config("tiny", dtype="int8")
+    assert get_config("tiny", dtype="bf16").dtype == "bfloat16" == get_config("tiny", dtype=torch.bfloat16).dtype
     with pytest.raises(ValueError, match="unknown config fields"):
         get_config("tiny", horizon=5)
 

@@ -234,7 +234,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"bad {cfg_file}: {e}") from e
     if dtype is not None:
-        config_overrides["dtype"] = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+        config_overrides["dtype"] = str(dtype)       # "bfloat16" | "bf16" | torch.float32 ...
     cfg = config_from_json(raw, **config_overrides)
     sd = _read_weights(os.path.join(path, WEIGHTS))
     with torch.device("meta"):

@@ -65,6 +65,9 @@ class Pi05Config:
     time_max_period: float = 4.0
 
     def __post_init__(self):
+        aliases = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
+        dtype = str(self.dtype).removeprefix("torch.")
+        object.__setattr__(self, "dtype", aliases.get(dtype, dtype))
         if self.prefix_attention not in PREFIX_ATTENTION_MODES:
             raise ValueError(f"prefix_attention must be one of {PREFIX_ATTENTION_MODES}, got {self.prefix_attention!r}")
         v, e = self.vlm, self.expert

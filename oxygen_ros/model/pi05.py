@@ -681,7 +681,7 @@ def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torc
                 seed: int = 0) -> Pi05Model:
     """A randomly initialised model (deterministic for a seed) in eval mode.  ``dtype`` overrides cfg.dtype."""
     if dtype is not None:
-        cfg = cfg.replace(dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."))
+        cfg = cfg.replace(dtype=str(dtype))          # "bfloat16" | "bf16" | torch.bfloat16 ...
     with torch.device("cpu"):
         torch.manual_seed(seed)
         model = Pi05Model(cfg)
