@@ -62,7 +62,7 @@ def _transition(ros, client, tid, timeout=STARTUP_S):
 
 def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
     params = {**BASE_PARAMS, "autostart": False, "memory_db": "", "memory_interval_s": 0.0,
-              "kv_budget_mb": 0.12, "max_wait_cycles": 3, "max_new_tokens": 24, "prompt_queue_size": 64}
+              "kv_budget_mb": 0.12, "max_wait_cycles": 3, "max_new_tokens": 12, "prompt_queue_size": 64}
     chunks = ros.collect(ActionChunk, "action_chunk", qos=200, keep=3000)
     diags = ros.collect(DiagnosticArray, "/diagnostics", qos=50, keep=20)
     change = ros.node.create_client(ChangeState, "oxygen_node/change_state")
@@ -87,7 +87,7 @@ def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
         # KV capacity: a burst of questions against a tiny pool -> rejected (counted), actions unaffected
         pub = ros.publisher(String, "conversation/prompt", qos=100)
         time.sleep(0.5)
-        for i in range(40):
+        for i in range(16):
             pub.publish(String(data=f"Please describe everything you can see in great detail, item {i}."))
 
         def counter(key):
@@ -99,9 +99,11 @@ def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
         assert ros.wait_for(lambda: counter("request_rejected") > 0 and counter("kv_full") > 0, 60), \
             node.log()[-3000:]
         t0 = time.monotonic()
-        time.sleep(3.0)
-        rate = len([1 for t, _ in list(chunks) if t >= t0]) / 3.0
-        assert rate >= 0.8 * RATE, f"actions at {rate:.1f} Hz while language was rejected for KV"
+        time.sleep(4.0)
+        rate = len([1 for t, _ in list(chunks) if t >= t0]) / 4.0
+        assert rate >= 0.8 * RATE, (f"actions at {rate:.1f} Hz while language was rejected for KV; "
+                                    f"inference {counter('inference_rate_hz')} cycles/s, cycle p99 "
+                                    f"{counter('cycle_latency_ms_p99')} ms")
         assert "rejected" in node.log()
 
         assert _transition(ros, change, Transition.TRANSITION_DEACTIVATE)

@@ -62,6 +62,8 @@ PARAMETERS: dict[str, tuple] = {
                           "empty = random weights of `preset`.", None),
     "preset": (_S, "tiny", "Model architecture when no checkpoint is given.", ("tiny", "bench-cpu", "pi05")),
     "device": (_S, "cpu", "Torch device: cpu, cuda, cuda:N or auto.", None),
+    "torch_threads": (_I, 1, "Torch intra-op CPU threads; 0 = torch's default (all cores). 1 keeps the control "
+                             "thread responsive and avoids OpenMP oversubscription on shared CPUs.", (0, 1024)),
     "dtype": (_S, "", "Weights/compute dtype; empty = the preset's or checkpoint's.",
               ("", "float32", "bfloat16", "float16")),
     "prefix_attention": (_S, "", "Prefix attention; empty = model default.", ("", "image_isolated", "upstream")),
@@ -229,7 +231,7 @@ class OxygenNode(LifecycleNode):
             if prm.name == "camera_topics" and len(prm.value) > 3:
                 return SetParametersResult(successful=False, reason="camera_topics has at most 3 entries")
             if self._state in ("inactive", "active") and prm.name not in ("diagnostics_period_s",):
-                self.get_logger().warn(f"parameter {prm.name} changed while {self._state}: takes effect after "
+                self.get_logger().warning(f"parameter {prm.name} changed while {self._state}: takes effect after "
                                        "cleanup + configure", throttle_duration_sec=5.0)
         return SetParametersResult(successful=True)
 
@@ -310,7 +312,7 @@ class OxygenNode(LifecycleNode):
         if th is not None and th is not threading.current_thread():
             th.join(timeout)
             if th.is_alive():
-                self.get_logger().warn(f"inference thread still busy after {timeout:.1f} s; leaving it (daemon)")
+                self.get_logger().warning(f"inference thread still busy after {timeout:.1f} s; leaving it (daemon)")
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
@@ -371,6 +373,8 @@ class OxygenNode(LifecycleNode):
         from oxygen_ros.engine.engine import Engine, EngineConfig  # noqa: PLC0415
         from oxygen_ros.model import Processor, build_model, get_config, load_checkpoint, load_tokenizer  # noqa
 
+        if int(self.p("torch_threads")) > 0:
+            torch.set_num_threads(int(self.p("torch_threads")))
         device = self.p("device")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -463,7 +467,7 @@ class OxygenNode(LifecycleNode):
 
     def _reject(self, reason: str, text: str) -> None:
         self.counters.inc(f"rejected.{reason}")
-        self.get_logger().warn(f"rejected input ({reason}): {text}", throttle_duration_sec=2.0)
+        self.get_logger().warning(f"rejected input ({reason}): {text}", throttle_duration_sec=2.0)
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
@@ -521,7 +525,7 @@ class OxygenNode(LifecycleNode):
         limit = int(self.p("max_prompt_chars"))
         if len(text) > limit:
             self.counters.inc("prompt_truncated")
-            self.get_logger().warn(f"{what} of {len(text)} characters truncated to {limit}",
+            self.get_logger().warning(f"{what} of {len(text)} characters truncated to {limit}",
                                    throttle_duration_sec=2.0)
             text = text[:limit]
         return text
@@ -545,7 +549,7 @@ class OxygenNode(LifecycleNode):
             while len(self._prompts) > int(self.p("prompt_queue_size")):
                 self._prompts.popleft()
                 self.counters.inc("prompt_dropped")
-                self.get_logger().warn("conversation prompt queue full: oldest prompt dropped",
+                self.get_logger().warning("conversation prompt queue full: oldest prompt dropped",
                                        throttle_duration_sec=2.0)
 
     def _on_inject(self, msg: String) -> None:
@@ -595,7 +599,7 @@ class OxygenNode(LifecycleNode):
         prim = latest[self._primary_slot]
         if prim is None or now - prim[1] > max_age_ns:
             self.counters.inc("cycle_skipped_stale")
-            self.get_logger().warn("newest frame is older than max_observation_age_s: no inference",
+            self.get_logger().warning("newest frame is older than max_observation_age_s: no inference",
                                    throttle_duration_sec=2.0)
             return
         images = [None, None, None]
@@ -650,7 +654,7 @@ class OxygenNode(LifecycleNode):
             rid = self.engine.submit(kind=kind, prompt=text)
         except Exception as exc:  # noqa: BLE001 - engine refuses (bad prompt, full)
             self.counters.inc("request_rejected")
-            self.get_logger().warn(f"{kind} request rejected: {exc}", throttle_duration_sec=2.0)
+            self.get_logger().warning(f"{kind} request rejected: {exc}", throttle_duration_sec=2.0)
             return
         if isinstance(rid, int):
             with self._lock:
@@ -725,7 +729,7 @@ class OxygenNode(LifecycleNode):
             detail = (getattr(res, "detail", "") or "").lower()
             if res.finish_reason == "rejected" and ("kv" in detail or "too_large" in detail):
                 self.counters.inc("kv_full")
-            self.get_logger().warn(f"{res.kind} request {res.request_id} {res.finish_reason}: "
+            self.get_logger().warning(f"{res.kind} request {res.request_id} {res.finish_reason}: "
                                    f"{getattr(res, 'detail', '')}", throttle_duration_sec=2.0)
         if ready:
             self._finalize(res.request_id)
@@ -840,7 +844,7 @@ class OxygenNode(LifecycleNode):
         try:
             return dict(eng.metrics())
         except Exception as exc:  # noqa: BLE001
-            self.get_logger().warn(f"engine.metrics() failed: {exc}", throttle_duration_sec=10.0)
+            self.get_logger().warning(f"engine.metrics() failed: {exc}", throttle_duration_sec=10.0)
             return {}
 
     def snapshot(self) -> dict:
