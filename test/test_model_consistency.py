@@ -516,3 +516,19 @@ def test_degenerate_masks_stay_finite(iso_model):
     out = iso_model.decode(DecodeBatch(torch.tensor([5]), torch.tensor([0]), torch.tensor([2]),
                                        torch.tensor([[0, 1, 2]]), torch.tensor([[False, False, True]])), kv)
     assert torch.isfinite(out.logits).all()
+
+
+def test_sample_tokens_distribution_and_top_p():
+    from oxygen_ros.model.pi05 import sample_tokens
+    logits = torch.log(torch.tensor([[0.05, 0.7, 0.25, 0.0]]))            # token 3 has probability 0
+    picks = torch.stack([sample_tokens(logits, [SamplingParams(temperature=1.0, seed=s)], torch.tensor([0]))
+                         for s in range(3000)])
+    freq = torch.bincount(picks.flatten(), minlength=4).double() / 3000
+    assert torch.allclose(freq, torch.tensor([0.05, 0.7, 0.25, 0.0], dtype=torch.float64), atol=0.03), freq
+    nucleus = torch.stack([sample_tokens(logits, [SamplingParams(temperature=1.0, top_p=0.8, seed=s)],
+                                         torch.tensor([0])) for s in range(500)])
+    assert set(nucleus.flatten().tolist()) == {1, 2}                     # 0.7 + 0.25 covers 0.8; 0.05 is cut
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = [int(sample_tokens(logits, [SamplingParams(1.0, generator=g1)], torch.tensor([0]))) for _ in range(20)]
+    b = [int(sample_tokens(logits, [SamplingParams(1.0, generator=g2)], torch.tensor([0]))) for _ in range(20)]
+    assert a == b and len(set(a)) > 1

@@ -278,30 +278,35 @@ def _row_uniform(sp: SamplingParams, position: int) -> float:
 
 
 def sample_tokens(logits: Tensor, sampling: list[SamplingParams] | None, positions: Tensor) -> Tensor:
-    """logits [B, V] fp32 -> ids [B].  Greedy rows by argmax; others by temperature + top-p (nucleus) with one
-    uniform draw per row (see SamplingParams), all vectorised except the scalar draws."""
+    """logits [B, V] fp32 -> ids [B].  Greedy rows (temperature 0) by argmax; the others by temperature + top-p
+    (nucleus) with one uniform draw per row (see SamplingParams), vectorised over the sampled rows; positions [B] are
+    the positions of the tokens whose logits these are (the seed rule's input)."""
     greedy = logits.argmax(-1)
     if not sampling or all(sp.temperature <= 0 for sp in sampling):
         return greedy
     if len(sampling) != logits.shape[0]:
         raise ValueError(f"sampling has {len(sampling)} entries for {logits.shape[0]} rows")
     dev = logits.device
-    temp = torch.tensor([max(sp.temperature, 1e-6) for sp in sampling], device=dev)
-    top_p = torch.tensor([sp.top_p for sp in sampling], device=dev)
+    rows = [i for i, sp in enumerate(sampling) if sp.temperature > 0]
+    sps = [sampling[i] for i in rows]
     pos = positions.tolist()
-    u = torch.tensor([_row_uniform(sp, p) if sp.temperature > 0 else 0.0 for sp, p in zip(sampling, pos)],
-                     device=dev, dtype=torch.float64)
-    probs = torch.softmax(logits.double() / temp[:, None], dim=-1)
-    sp_, idx = probs.sort(dim=-1, descending=True)
-    cum = sp_.cumsum(-1)
-    keep = (cum - sp_) < top_p[:, None]                       # always keeps the top token
-    sp_ = sp_ * keep
-    cdf = sp_.cumsum(-1)
-    target = u[:, None] * cdf[:, -1:]
-    choice = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)
-    sampled = idx.gather(-1, choice)[:, 0]
-    is_greedy = torch.tensor([sp.temperature <= 0 for sp in sampling], device=dev)
-    return torch.where(is_greedy, greedy, sampled)
+    temp = torch.tensor([sp.temperature for sp in sps], device=dev, dtype=torch.float64)
+    top_p = torch.tensor([sp.top_p for sp in sps], device=dev, dtype=torch.float64)
+    u = torch.tensor([_row_uniform(sp, pos[i]) for sp, i in zip(sps, rows)], device=dev, dtype=torch.float64)
+    idx_rows = torch.tensor(rows, device=dev)
+    probs = torch.softmax(logits.index_select(0, idx_rows).double() / temp[:, None], dim=-1)   # [Bs, V]
+    if bool((top_p < 1.0).any()):
+        probs, order = probs.sort(dim=-1, descending=True)
+        keep = (probs.cumsum(-1) - probs) < top_p[:, None]        # always keeps the most likely token
+        probs = probs * keep
+    else:
+        order = None
+    cdf = probs.cumsum(-1)
+    choice = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)  # [Bs, 1]
+    sampled = (order.gather(-1, choice) if order is not None else choice)[:, 0]
+    out = greedy.clone()
+    out[idx_rows] = sampled
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------
