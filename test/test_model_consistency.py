@@ -532,3 +532,26 @@ def test_sample_tokens_distribution_and_top_p():
     a = [int(sample_tokens(logits, [SamplingParams(1.0, generator=g1)], torch.tensor([0]))) for _ in range(20)]
     b = [int(sample_tokens(logits, [SamplingParams(1.0, generator=g2)], torch.tensor([0]))) for _ in range(20)]
     assert a == b and len(set(a)) > 1
+
+
+def test_vlm_tower_matches_transformers_gemma(iso_model):
+    """Independent of our reference: with every camera masked, the prefix is a plain causal Gemma over the prompt, so
+    prefill + cached decode must give transformers' own GemmaForCausalLM logits (RoPE, norms, GQA, tied head)."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+    cfg, g = iso_model.cfg, iso_model.cfg.vlm
+    hf = GemmaForCausalLM(GemmaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=g.width, intermediate_size=g.mlp_dim, num_hidden_layers=g.depth,
+        num_attention_heads=g.num_heads, num_key_value_heads=g.num_kv_heads, head_dim=g.head_dim,
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=g.rms_norm_eps, max_position_embeddings=512,
+        tie_word_embeddings=True)).eval()
+    sd = {"model." + k: v for k, v in iso_model.vlm.state_dict().items()}
+    sd["lm_head.weight"] = iso_model.vlm.embed_tokens.weight
+    hf.load_state_dict(sd, strict=True)
+    images, _, tokens, tm = make_inputs(cfg, seed=20, lens=[10])
+    prefix = iso_model.prefill(images, torch.zeros(1, 3, dtype=torch.bool), tokens, tm, want_logits=True)
+    ids, logits = greedy_cached(iso_model, prefix, 0, 4)
+    seq = torch.cat([tokens[0, :10], torch.tensor(ids[:-1])])[None]
+    with torch.no_grad():
+        ref = hf(input_ids=seq).logits[0, 9:]                                  # logits that chose ids[0..3]
+    assert rel_err(logits, ref) <= 1e-5
+    assert ids == ref.argmax(-1).tolist()
