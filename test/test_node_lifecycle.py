@@ -1,7 +1,8 @@
 """Lifecycle and capacity tests of ``oxygen_node`` as a separate process: a missing or corrupt checkpoint makes
 ``configure`` fail with a clear message (autostart: exit status 2); with ``autostart: false`` the node waits
 unconfigured (diagnostics ERROR) until a lifecycle manager configures and activates it through the standard
-``~/change_state`` service, and deactivation stops ``action_chunk``; with a deliberately tiny KV pool a burst of
+``~/change_state`` service, deactivation stops ``action_chunk``, and cleanup + a parameter change + configure
+switches to ``stale_behavior: hold`` (cameras stop -> the last action is repeated, diagnostics ERROR); with a deliberately tiny KV pool a burst of
 conversation prompts is rejected for capacity (counted) while actions keep their rate.  Same ``config/oxygen.yaml``
 as everything else, plus overrides.
 """
@@ -17,6 +18,8 @@ require_ros()
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
+from rcl_interfaces.srv import SetParameters  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.msg import ActionChunk  # noqa: E402
@@ -67,6 +70,7 @@ def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
     diags = ros.collect(DiagnosticArray, "/diagnostics", qos=50, keep=20)
     change = ros.node.create_client(ChangeState, "oxygen_node/change_state")
     get = ros.node.create_client(GetState, "oxygen_node/get_state")
+    setp = ros.node.create_client(SetParameters, "oxygen_node/set_parameters")
     node = NodeProcess(tmp_path / "node.log", params)
     replay = start_replay(synthetic_bag, tmp_path / "replay.log", "--loop", "--exclude", "/conversation/prompt")
     try:
@@ -112,6 +116,26 @@ def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
         time.sleep(1.0)
         assert not [1 for t, _ in list(chunks) if t >= t1], "a deactivated node stops publishing action_chunk"
         assert node.alive()
+
+        # cleanup -> stale_behavior:=hold -> configure -> activate; cameras stop -> the last action is held
+        assert _transition(ros, change, Transition.TRANSITION_CLEANUP)
+        assert _call(ros, get, GetState.Request()).current_state.label == "unconfigured"
+        req = SetParameters.Request()
+        req.parameters = [Parameter(name="stale_behavior", value=ParameterValue(
+            type=ParameterType.PARAMETER_STRING, string_value="hold"))]
+        assert _call(ros, setp, req).results[0].successful
+        assert _transition(ros, change, Transition.TRANSITION_CONFIGURE)
+        assert _transition(ros, change, Transition.TRANSITION_ACTIVATE)
+        n = len(chunks)
+        assert ros.wait_for(lambda: len(chunks) > n + 50, 60)
+        stop_proc(replay)
+        t2 = time.monotonic()
+        time.sleep(2.5)
+        held = [m for t, m in list(chunks) if t >= t2 + 1.5]
+        assert len(held) >= 0.8 * RATE * 0.9, f"hold: only {len(held)} messages in the last second"
+        assert all(m.horizon == 1 for m in held) and held[-1].observation_age_s > 1.5
+        assert len({tuple(m.actions) for m in held}) == 1, "hold repeats one action"
+        assert ros.wait_for(lambda: diags and diag_values(diags[-1][1])["oxygen_node: control"][0] == 2, 5)
         rc, dt = node.stop(signal.SIGINT)
         assert rc == 0 and dt < 5.0, f"rc {rc}, {dt:.1f} s"
     finally:
@@ -120,3 +144,4 @@ def test_managed_lifecycle_and_kv_capacity(ros, tmp_path, synthetic_bag):
             node.stop(signal.SIGKILL)
         ros.node.destroy_client(change)
         ros.node.destroy_client(get)
+        ros.node.destroy_client(setp)

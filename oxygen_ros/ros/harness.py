@@ -84,8 +84,10 @@ class NodeProcess:
         for k, v in params.items():
             cmd += ["-p", f"{k}:={_fmt(v)}"]
         env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        root = Path(__file__).resolve().parents[2]
+        if (root / "setup.py").is_file() and (root / "oxygen_ros").is_dir():   # running from a source checkout
+            env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                               if p])
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
