@@ -26,7 +26,8 @@ def spm_model(path):
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buf, vocab_size=320, pad_id=0,
                                    eos_id=1, bos_id=2, unk_id=3, byte_fallback=True, model_type="bpe",
-                                   character_coverage=1.0, minloglevel=2)
+                                   character_coverage=1.0, minloglevel=2, normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False)
     path.write_bytes(buf.getvalue())
     return path
 
@@ -203,3 +204,19 @@ def test_resize_matches_pil_bilinear_within_one_level():
         img = rng.integers(0, 256, shape, dtype=np.uint8)
         diff = np.abs(resize_with_pad(img, 224, 224).astype(int) - pil_resize_with_pad(img, 224, 224).astype(int))
         assert diff.max() <= 1 and diff.mean() < 0.3, shape
+
+
+def test_action_prompt_without_discrete_state(tmp_path):
+    """openpi's discrete_state_input=False (e.g. pi05_libero): BOS + cleaned prompt, then "\n" tokenised alone."""
+    from oxygen_ros.model.checkpoint import config_from_json
+    cfg = config_from_json({"action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b",
+                            "action_expert_variant": "gemma_300m", "precision": "bfloat16",
+                            "discrete_state_input": False})
+    assert cfg.discrete_state_input is False and get_config("pi05").discrete_state_input is True
+    tok = SentencePieceTokenizer(spm_model(tmp_path / "t.model"))
+    assert tok.encode("lift the bowl") + tok.encode("\n") != tok.encode("lift the bowl\n")   # why it matters
+    proc = Processor(get_config("tiny", discrete_state_input=False), tok)
+    mi = proc.prepare(Observation([None, None, None], np.array([0.3, 0.1]), " lift_the bowl "))
+    n = int(mi.token_masks.sum())
+    assert mi.prompt_text == "lift the bowl\n"
+    assert mi.tokens[0, :n].tolist() == [2] + tok.encode("lift the bowl") + tok.encode("\n")

@@ -79,7 +79,8 @@ def config_from_json(d: dict, **overrides) -> Pi05Config:
         if prec not in _PRECISIONS:
             raise CheckpointError(f"config.json: unknown precision {prec!r}")
         cfg = cfg.replace(action_horizon=int(horizon), action_dim=int(adim), dtype=_PRECISIONS[prec],
-                          max_token_len=int(max_len))
+                          max_token_len=int(max_len),
+                          discrete_state_input=bool(d.get("discrete_state_input", cfg.discrete_state_input)))
         return cfg.replace(**overrides) if overrides else cfg
     except CheckpointError:
         raise
@@ -96,7 +97,7 @@ def config_to_json(cfg: Pi05Config, layout: str) -> dict:
     else:
         d = {"action_dim": cfg.action_dim, "action_horizon": cfg.action_horizon, "paligemma_variant": "gemma_2b",
              "action_expert_variant": "gemma_300m", "precision": cfg.dtype, "pi05": True,
-             "max_token_len": cfg.max_token_len}
+             "max_token_len": cfg.max_token_len, "discrete_state_input": cfg.discrete_state_input}
     if cfg.name != "pi05":
         d["oxygen_preset"] = cfg.name
         d["oxygen_config"] = cfg.to_dict()

@@ -55,6 +55,7 @@ class Pi05Config:
     action_dim: int = 32
     action_horizon: int = 50
     num_denoise_steps: int = 10
+    discrete_state_input: bool = True          # openpi: state as 256-bin text in the action prompt (pi05_libero: False)
     rope_theta: float = 10000.0
     prefix_attention: str = "image_isolated"   # "upstream" (openpi-exact, bidirectional prefix) | "image_isolated"
     dtype: str = "bfloat16"                     # compute / weight dtype; fp32 kept for the params listed in pi05.py

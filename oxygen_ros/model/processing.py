@@ -275,28 +275,40 @@ class Processor:
         return out, mask
 
     # ---- prompts ---------------------------------------------------------------------------------------------------
-    def _tokens(self, text: str, what: str):
+    def _tokens(self, text: str, what: str, suffix: str | None = None):
         ids = self.tokenizer.encode(text, add_bos=True)
+        if suffix is not None:                                   # tokenised separately, as openpi does for "\n"
+            ids = ids + self.tokenizer.encode(suffix)
         t, m, truncated = pad_tokens(ids, self.cfg.max_token_len, self.tokenizer.pad_id, what)
         return torch.from_numpy(t)[None], torch.from_numpy(m)[None], truncated
 
     def action_prompt_text(self, prompt: str, state: np.ndarray | None) -> str:
+        """The action prompt as text.  ``cfg.discrete_state_input`` (openpi's flag; False e.g. for pi05_libero):
+        True -> ``"Task: {prompt}, State: {bins};\nAction: "``; False -> ``"{prompt}\n"`` (no state; the "\n" is
+        tokenised on its own)."""
+        if not self.cfg.discrete_state_input:
+            return clean_text(prompt) + "\n"
         ns = None if state is None else self.norm_stats.normalize_state(np.asarray(state, dtype=np.float64))
         return action_prompt(prompt, ns)
+
+    def _action_tokens(self, prompt: str, state):
+        if not self.cfg.discrete_state_input:
+            return self._tokens(clean_text(prompt), "action prompt", suffix="\n")
+        return self._tokens(self.action_prompt_text(prompt, state), "action prompt")
 
     def encode_prompt(self, kind: str, text: str, state: np.ndarray | None = None):
         """kind 'action' (text = task, uses ``state``) | 'subtask' | 'conversation' | 'memory'
         -> (tokens [1, L] long, mask [1, L] bool, truncated)."""
-        full = self.action_prompt_text(text, state) if kind == "action" else language_prompt(kind, text)
-        return self._tokens(full, f"{kind} prompt")
+        if kind == "action":
+            return self._action_tokens(text, state)
+        return self._tokens(language_prompt(kind, text), f"{kind} prompt")
 
     def prepare(self, obs: Observation) -> ModelInputs:
         """Observation -> ModelInputs with the pi0.5 action prompt."""
         self.validate(obs)
         images, masks = self.prepare_images(obs.images)
-        text = self.action_prompt_text(obs.prompt, obs.state)
-        tokens, tmask, truncated = self._tokens(text, "action prompt")
-        return ModelInputs(images, masks, tokens, tmask, truncated, text)
+        tokens, tmask, truncated = self._action_tokens(obs.prompt, obs.state)
+        return ModelInputs(images, masks, tokens, tmask, truncated, self.action_prompt_text(obs.prompt, obs.state))
 
     # ---- actions ---------------------------------------------------------------------------------------------------
     def unnormalize_actions(self, actions) -> np.ndarray:
