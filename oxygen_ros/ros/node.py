@@ -164,7 +164,7 @@ class OxygenNode(LifecycleNode):
         self._instruction = ""
         self._prompts: collections.deque = collections.deque()
         self._inject: collections.deque = collections.deque(maxlen=16)
-        self._frame_stamp: collections.OrderedDict = collections.OrderedDict()   # float stamp -> ns; frame -> ns
+        self._frame_stamp: collections.OrderedDict = collections.OrderedDict()   # Observation.stamp -> exact ns
         self._chunk_stamp: dict[int, int] = {}
         self._frame_cap: collections.OrderedDict = collections.OrderedDict()   # engine frame_index -> capture ns
         self._requests: dict[int, dict] = {}
@@ -230,9 +230,9 @@ class OxygenNode(LifecycleNode):
                                            reason=f"{prm.name} must be one of {rng}, got {prm.value!r}")
             if prm.name == "camera_topics" and len(prm.value) > 3:
                 return SetParametersResult(successful=False, reason="camera_topics has at most 3 entries")
-            if self._state in ("inactive", "active") and prm.name not in ("diagnostics_period_s",):
+            if self._state in ("inactive", "active"):
                 self.get_logger().warning(f"parameter {prm.name} changed while {self._state}: takes effect after "
-                                       "cleanup + configure", throttle_duration_sec=5.0)
+                                          "cleanup + configure", throttle_duration_sec=5.0)
         return SetParametersResult(successful=True)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -250,7 +250,7 @@ class OxygenNode(LifecycleNode):
         self.configure_error = ""
         self._state = "inactive"
         self.get_logger().info(f"configured in {time.monotonic() - t:.1f} s: {self.model_info}")
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_configure(state)
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._buffer.clear()
@@ -280,16 +280,17 @@ class OxygenNode(LifecycleNode):
         self._stop_activity()
         self._teardown_engine()
         self._state = "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_cleanup(state)
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.stop_all()
-        return TransitionCallbackReturn.SUCCESS
+        return super().on_shutdown(state)
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.stop_all()
         self._state = "unconfigured"
-        return TransitionCallbackReturn.SUCCESS
+        super().on_error(state)
+        return TransitionCallbackReturn.SUCCESS     # recover to unconfigured
 
     def stop_all(self, timeout: float = 3.0) -> None:
         """Stop threads and timers and close the database (idempotent; used on shutdown)."""
@@ -526,7 +527,7 @@ class OxygenNode(LifecycleNode):
         if len(text) > limit:
             self.counters.inc("prompt_truncated")
             self.get_logger().warning(f"{what} of {len(text)} characters truncated to {limit}",
-                                   throttle_duration_sec=2.0)
+                                      throttle_duration_sec=2.0)
             text = text[:limit]
         return text
 
@@ -550,7 +551,7 @@ class OxygenNode(LifecycleNode):
                 self._prompts.popleft()
                 self.counters.inc("prompt_dropped")
                 self.get_logger().warning("conversation prompt queue full: oldest prompt dropped",
-                                       throttle_duration_sec=2.0)
+                                          throttle_duration_sec=2.0)
 
     def _on_inject(self, msg: String) -> None:
         self._inject.append(msg.data.strip())
@@ -600,7 +601,7 @@ class OxygenNode(LifecycleNode):
         if prim is None or now - prim[1] > max_age_ns:
             self.counters.inc("cycle_skipped_stale")
             self.get_logger().warning("newest frame is older than max_observation_age_s: no inference",
-                                   throttle_duration_sec=2.0)
+                                      throttle_duration_sec=2.0)
             return
         images = [None, None, None]
         for slot, item in enumerate(latest):
@@ -730,7 +731,7 @@ class OxygenNode(LifecycleNode):
             if res.finish_reason == "rejected" and ("kv" in detail or "too_large" in detail):
                 self.counters.inc("kv_full")
             self.get_logger().warning(f"{res.kind} request {res.request_id} {res.finish_reason}: "
-                                   f"{getattr(res, 'detail', '')}", throttle_duration_sec=2.0)
+                                      f"{getattr(res, 'detail', '')}", throttle_duration_sec=2.0)
         if ready:
             self._finalize(res.request_id)
 
