@@ -595,12 +595,16 @@ class OxygenNode(LifecycleNode):
 
     def _run_cycle(self, latest, joint, instruction: str, prompts: list[str]) -> None:
         Observation = self._Observation  # noqa: N806
+        for text in prompts:           # queued in the engine even if this frame is skipped
+            self._submit("conversation", text)
         now = self._now_ns()
         max_age_ns = int(self.p("max_observation_age_s") * 1e9)
         prim = latest[self._primary_slot]
         if prim is None or now - prim[1] > max_age_ns:
             self.counters.inc("cycle_skipped_stale")
-            self.get_logger().warning("newest frame is older than max_observation_age_s: no inference",
+            age = "none" if prim is None else f"{(now - prim[1]) / 1e9:.3f} s"
+            self.get_logger().warning(f"newest frame is older than max_observation_age_s (age {age}): no inference "
+                                      "(if frames do arrive, check clock sync or set stamp_source: receive)",
                                       throttle_duration_sec=2.0)
             return
         images = [None, None, None]
@@ -619,8 +623,6 @@ class OxygenNode(LifecycleNode):
         else:
             self.counters.inc("state_missing")
         engine = self.engine
-        for text in prompts:
-            self._submit("conversation", text)
         if self.p("subtask_enabled") and instruction:
             t = time.monotonic()
             if self._last_subtask_t is None or t - self._last_subtask_t >= self.p("subtask_interval_s"):
