@@ -753,7 +753,7 @@ class OxygenNode(LifecycleNode):
             final = self._token_msg(rid, kind, frame_index, r["n"], -1, "", True, reason, 0.0)
         self._pub_tokens.publish(final)
         text = "".join(r["texts"])
-        if kind == "conversation":
+        if kind == "conversation" and reason in ("eos", "length"):     # failures end with the final token only
             self._pub_response.publish(String(data=text))
             self.counters.inc("responses")
         elif kind == "memory" and reason in ("eos", "length"):
