@@ -201,8 +201,6 @@ def reference_greedy(model, images, image_masks, tokens, token_masks, n, mode=No
 # ======================================================================================================================
 # Tests
 # ======================================================================================================================
-from types import SimpleNamespace  # noqa: E402
-
 import pytest  # noqa: E402
 
 from oxygen_ros.model import DecodeBatch, SamplingParams, build_model, get_config  # noqa: E402
@@ -430,8 +428,9 @@ def test_decode_writes_only_the_new_slot(iso_model):
         kv.k[l][P:] = 7.0
         kv.v[l][P:] = 7.0
     before = [t.clone() for t in kv.k + kv.v]
+    rmask = torch.tensor([prefix.mask[0].tolist() + [False, True]])
     iso_model.decode(DecodeBatch(torch.tensor([5]), prefix.next_position, torch.tensor([P + 1]),
-                                 torch.arange(P + 2)[None], torch.tensor([prefix.mask[0].tolist() + [False, True]])), kv)
+                                 torch.arange(P + 2)[None], rmask), kv)
     for a, b in zip(before, kv.k + kv.v):
         changed = (a != b).any(dim=(1, 2)).nonzero().flatten().tolist()
         assert changed == [P + 1]

@@ -119,7 +119,8 @@ def test_prompt_formats_and_bins():
         "Task: open the drawer, State: 0 128 255;\nAction: "
     assert discretize_state(np.array([-1.0, -0.9921875, 1.0])).tolist() == [0, 1, 255]
     proc = Processor(get_config("tiny"), ByteTokenizer(512))
-    for kind, text in (("subtask", "Task: wipe the table. Subtask: "), ("conversation", "User: wipe the table\nAssistant: "),
+    for kind, text in (("subtask", "Task: wipe the table. Subtask: "),
+                       ("conversation", "User: wipe the table\nAssistant: "),
                        ("memory", "Task: wipe the table. Memory: ")):
         tokens, mask, trunc = proc.encode_prompt(kind, "wipe_the table")
         assert proc.tokenizer.decode(tokens[0][mask[0]].tolist()) == text and not trunc

@@ -3,7 +3,8 @@
 Reads a converted openpi PyTorch directory (``model.safetensors``, ``config.json`` with ``action_dim,
 action_horizon, paligemma_variant, action_expert_variant, precision``, ``assets/<asset_id>/norm_stats.json``, optional
 ``paligemma_tokenizer.model``) and LeRobot ``pi05`` files (keys prefixed ``model.``, older ``action_time_mlp_*`` renamed
-to ``time_mlp_*``, stats in ``policy_{pre,post}processor_step_*_{normalizer,unnormalizer}_processor.safetensors``).  The tied LM head is stored once, as ``paligemma.lm_head.weight``, and copied into
+to ``time_mlp_*``, stats in ``policy_{pre,post}processor_step_*_{normalizer,unnormalizer}_processor.safetensors``).
+The tied LM head is stored once, as ``paligemma.lm_head.weight``, and copied into
 ``embed_tokens``; the unused expert ``lm_head`` is ignored; every other key is checked strictly (a ``CheckpointError``
 lists missing / unexpected / mis-shaped keys).  Parameters keep the model's dtype plan (fp32 for patch/position
 embeddings, norms, action/time projections).  ``save_checkpoint`` writes both layouts (used by tests and to make tiny

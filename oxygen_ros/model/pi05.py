@@ -422,7 +422,8 @@ class Pi05Model(nn.Module):
         return (x * math.sqrt(x.shape[-1])).to(self.dtype)
 
     def time_condition(self, t: Tensor) -> Tensor:
-        """t [B] in [0, 1] -> adaRMS condition [B, We] (sin/cos embedding -> time_mlp_in -> swish -> time_mlp_out -> swish)."""
+        """t [B] in [0, 1] -> adaRMS condition [B, We]:
+        sin/cos embedding (periods 4e-3 .. 4) -> time_mlp_in -> swish -> time_mlp_out -> swish."""
         We = self.cfg.expert.width
         frac = torch.linspace(0.0, 1.0, We // 2, dtype=torch.float64, device=t.device)
         period = self.cfg.time_min_period * (self.cfg.time_max_period / self.cfg.time_min_period) ** frac
@@ -639,7 +640,8 @@ class Pi05Model(nn.Module):
     def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
         """One token for B rows.  Computes the K/V of ``batch.token_ids`` at ``batch.positions``, writes them to
         ``kv.k[l][write_slots]`` / ``kv.v[l][write_slots]`` (the only write), gathers ``read_slots`` (which include
-        the write slot) and attends with ``read_mask``.  Returns the next ids (greedy or ``sampling``) and fp32 logits."""
+        the write slot) and attends with ``read_mask``.
+        Returns the next ids (greedy or ``sampling``) and fp32 logits."""
         ids, pos = batch.token_ids, batch.positions
         x = self.embed_tokens(ids[:, None])                                                   # [B, 1, W]
         mask = batch.read_mask.bool()[:, None, :]                                            # [B, 1, T]

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -142,7 +141,8 @@ class NormStats:
 
 def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """uint8 [h, w, 3] -> uint8 [height, width, 3]: scale by 1/max(w/width, h/height) (keep aspect, sizes truncated
-    as openpi's int()), bilinear with antialiasing (as PIL), then centre with zero padding (extra pixel bottom/right)."""
+    as openpi's int()), bilinear with antialiasing (as PIL), then centre with zero padding (extra pixel
+    bottom/right)."""
     h, w = image.shape[:2]
     if (h, w) == (height, width):
         return image
@@ -236,8 +236,9 @@ class Processor:
     def validate(self, obs: Observation) -> None:
         C = self.cfg.num_cameras
         if not isinstance(obs.images, (list, tuple)) or len(obs.images) != C:
+            n = len(obs.images) if hasattr(obs.images, "__len__") else "?"
             raise ValueError(f"observation.images must be a list of {C} camera slots (None = missing), "
-                             f"got {type(obs.images).__name__} of length {len(obs.images) if hasattr(obs.images, '__len__') else '?'}")
+                             f"got {type(obs.images).__name__} of length {n}")
         for i, im in enumerate(obs.images):
             if im is None:
                 continue
