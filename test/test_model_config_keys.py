@@ -6,6 +6,7 @@ configs are refused; ``oxygen_ros/model`` never imports rclpy.
 """
 import subprocess
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,20 @@ def test_dtype_plan_and_bf16_runs():
     assert prefix.k[0].dtype == torch.bfloat16 and prefix.last_logits.dtype == torch.float32
     a = m.sample_actions(prefix, torch.randn(1, m.cfg.action_horizon, m.cfg.action_dim), num_steps=2)
     assert a.dtype == torch.float32 and torch.isfinite(a).all()
+    from oxygen_ros.model import DecodeBatch
+    P = prefix.length
+    outs = []
+    for pool_dtype in (torch.bfloat16, torch.float32):          # the pool's dtype may differ from the model's
+        kv = SimpleNamespace(k=[torch.zeros(P + 1, 1, m.cfg.head_dim, dtype=pool_dtype) for _ in prefix.k],
+                             v=[torch.zeros(P + 1, 1, m.cfg.head_dim, dtype=pool_dtype) for _ in prefix.v])
+        for l in range(m.cfg.num_layers):
+            kv.k[l][:P], kv.v[l][:P] = prefix.k[l][0], prefix.v[l][0]
+        out = m.decode(DecodeBatch(torch.tensor([7]), prefix.next_position, torch.tensor([P]),
+                                   torch.arange(P + 1)[None], torch.ones(1, P + 1, dtype=torch.bool)), kv)
+        assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()
+        assert kv.k[0][P].abs().sum() > 0                      # the new token's K was written
+        outs.append(out.logits)
+    assert torch.equal(outs[0], outs[1])                        # bf16 K/V round-trip exactly through either pool
 
 
 def test_model_package_never_imports_rclpy():

@@ -554,3 +554,17 @@ def test_vlm_tower_matches_transformers_gemma(iso_model):
         ref = hf(input_ids=seq).logits[0, 9:]                                  # logits that chose ids[0..3]
     assert rel_err(logits, ref) <= 1e-5
     assert ids == ref.argmax(-1).tolist()
+
+
+def test_prefix_select_and_expand(iso_model):
+    cfg = iso_model.cfg
+    prefix = iso_model.prefill(*make_inputs(cfg, B=3, seed=21, lens=[16, 4, 9]), want_logits=True)
+    one = prefix.select([1])
+    assert one.batch_size == 1 and one.length == prefix.length and int(one.next_position) == cfg.num_image_tokens + 4
+    assert torch.equal(one.k[0][0], prefix.k[0][1]) and torch.equal(one.last_logits[0], prefix.last_logits[1])
+    assert one.k[0].data_ptr() != prefix.k[0].data_ptr()          # a copy
+    ex = one.expand(4)
+    assert ex.batch_size == 4 and ex.k[0].data_ptr() == one.k[0].data_ptr()   # views
+    assert prefix.nbytes() == 2 * cfg.num_layers * 3 * prefix.length * cfg.num_kv_heads * cfg.head_dim * 4
+    with pytest.raises(ValueError):
+        prefix.expand(5)
