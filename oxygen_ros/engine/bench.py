@@ -175,35 +175,78 @@ def ideal(costs: dict, N: int, k: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- runs
+class _Run:
+    """One engine configuration under test, with what it emitted during the timed frames."""
+
+    def __init__(self, model, processor, mode, arrivals, *, N, k, S, target_period_s=None, block_size=16):
+        self.arrivals = arrivals
+        max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
+        self.eng = Engine(model, processor, EngineConfig(
+            mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S, max_batch=max_rows, max_pending=10_000,
+            kv_block_size=block_size, target_period_s=target_period_s, k_max=max(64, 2 * N)))
+        self.actions, self.order, self.texts = [], [], {}
+
+    def warm(self, frames, noise, n):
+        for i in range(n):
+            for kind, prompt, n_new in self.arrivals[i % len(self.arrivals)]:
+                self.eng.submit(kind, prompt, n_new)
+            self.eng.cycle(frames[i % len(frames)], noise=noise[i % len(noise)])
+        self.eng.drain(frames[0])
+        self.eng.reset_metrics()
+        self.eng.on_actions = self.actions.append
+        self.eng.on_finished = lambda r: self.texts.__setitem__(r.request_id, r.token_ids)
+
+    def frame(self, i, obs, nz):
+        for kind, prompt, n_new in self.arrivals[i]:
+            self.order.append(self.eng.submit(kind, prompt, n_new))
+        self.eng.cycle(obs, noise=nz)
+
+    def finish(self, frames) -> dict:
+        eng = self.eng
+        m = eng.metrics()
+        # the paper's action frequency is H x frames / total time of a back-to-back run = H x frames / sum of frame
+        # times; the sum is used so that interleaved runs are measured the same way
+        busy = m.get("busy_time_s") or 0.0
+        m["action_hz_wall"] = m.get("action_hz")
+        m["action_hz"] = m.get("action_hz_busy")
+        m["tokens_per_s_total"] = m["tokens_total"] / busy if busy else None
+        eng.on_actions = None
+        eng.drain(frames[-1])
+        eng.kv.check_invariants(idle=True)
+        m["kv_peak_over_live"] = (eng.pool.peak_tokens / eng.kv.peak_live_tokens) if eng.kv.peak_live_tokens else None
+        m["kv_bytes_after_drain"] = eng.pool.used_bytes
+        return {"metrics": m, "actions": np.stack([a.actions for a in self.actions]),
+                "tokens": [self.texts.get(r) for r in self.order]}
+
+
+def run_all(model, processor, specs: dict, frames: list, noise: list, *, warmup: int, interleave: bool = True,
+            log=None) -> dict:
+    """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size). Each run gets warm-up frames (untimed,
+    then drained) and then the same timed frames. interleave=True runs the modes frame by frame in rotating order, so
+    that the load of a shared machine falls on all of them alike; False runs them back to back."""
+    runs = {name: _Run(model, processor, **sp) for name, sp in specs.items()}
+    for r in runs.values():
+        r.warm(frames, noise, warmup)
+    names = list(runs)
+    if interleave:
+        for i, (obs, nz) in enumerate(zip(frames, noise)):
+            for j in range(len(names)):
+                runs[names[(i + j) % len(names)]].frame(i, obs, nz)
+    else:
+        for name in names:
+            t = time.perf_counter()
+            for i, (obs, nz) in enumerate(zip(frames, noise)):
+                runs[name].frame(i, obs, nz)
+            if log:
+                log(f"{name} done in {time.perf_counter() - t:.1f}s")
+    return {name: r.finish(frames) for name, r in runs.items()}
+
+
 def run_mode(model, processor, mode: str, frames: list, noise: list, arrivals: list, *, N: int, k, S: int,
              warmup: int, target_period_s: Optional[float] = None, block_size: int = 16) -> dict:
-    """Warm-up frames (untimed, then drained), then the timed frames. Returns metrics, the action chunks and the
-    tokens of every timed request (requests still in flight at the end are drained untimed for the comparison)."""
-    max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
-    eng = Engine(model, processor, EngineConfig(mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S,
-                                                max_batch=max_rows, max_pending=10_000, kv_block_size=block_size,
-                                                target_period_s=target_period_s, k_max=max(64, 2 * N)))
-    for i in range(warmup):
-        for kind, prompt, n_new in arrivals[i % len(arrivals)]:
-            eng.submit(kind, prompt, n_new)
-        eng.cycle(frames[i % len(frames)], noise=noise[i % len(noise)])
-    eng.drain(frames[0])
-    eng.reset_metrics()
-    actions, order, texts = [], [], {}
-    eng.on_actions = actions.append
-    eng.on_finished = lambda r: texts.__setitem__(r.request_id, r.token_ids)
-    for i, (obs, nz, arr) in enumerate(zip(frames, noise, arrivals)):
-        for kind, prompt, n_new in arr:
-            order.append(eng.submit(kind, prompt, n_new))
-        eng.cycle(obs, noise=nz)
-    m = eng.metrics()
-    eng.on_actions = None
-    eng.drain(frames[-1])
-    eng.kv.check_invariants(idle=True)
-    m["kv_peak_over_live"] = (eng.pool.peak_tokens / eng.kv.peak_live_tokens) if eng.kv.peak_live_tokens else None
-    m["kv_bytes_after_drain"] = eng.pool.used_bytes
-    return {"metrics": m, "actions": np.stack([a.actions for a in actions]),
-            "tokens": [texts.get(r) for r in order]}
+    """One mode alone (warm-up, then the timed frames)."""
+    spec = dict(mode=mode, arrivals=arrivals, N=N, k=k, S=S, target_period_s=target_period_s, block_size=block_size)
+    return run_all(model, processor, {mode: spec}, frames, noise, warmup=warmup, interleave=False)[mode]
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -336,6 +379,8 @@ def parse_args(argv=None):
     p.add_argument("--kinds", default="subtask", help="request kinds, cycled: subtask,conversation,memory")
     p.add_argument("--masked-camera", type=int, default=None, help="leave this camera slot empty")
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-up frames per mode (default 2*ceil(N/k)+2)")
+    p.add_argument("--sequential", action="store_true",
+                   help="run the modes back to back (default: interleaved frame by frame, rotating order)")
     p.add_argument("--no-shared-nk", action="store_true", help="skip the shared run with N=k (batching bound)")
     p.add_argument("--sweep", action="store_true", help="also run the k/N grid (oxygen vs isolated)")
     p.add_argument("--sweep-n", default="10,30,50")
@@ -373,6 +418,13 @@ def main(argv=None) -> dict:
     print(f"[bench] preset={a.preset} device={a.device} dtype={dtype} H={cfg.action_horizon} S={a.S} N={a.N} "
           f"k={k} frames={a.frames} warmup={warmup} arrivals={a.arrivals} kinds={','.join(kinds)}", flush=True)
 
+    try:
+        load = os.getloadavg()[0]
+        if load > 0.5 * (os.cpu_count() or 1) and torch.device(a.device).type == "cpu":
+            print(f"[bench] warning: load average {load:.2f} on {os.cpu_count()} CPUs: other processes compete for "
+                  "the CPU; timings will be noisy (modes are interleaved to share the noise)", flush=True)
+    except OSError:
+        pass
     t = time.perf_counter()
     max_b = max(8, math.ceil(a.N / k_num) + 2)
     costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps, block_size=a.block_size)
@@ -386,18 +438,20 @@ def main(argv=None) -> dict:
           f"{ide['speedup_oxygen_vs_isolated']:.2f}x", flush=True)
     target = (a.target_period_ms / 1e3) if a.target_period_ms else (ide["oxygen_frame_s"] if k == "adaptive" else None)
 
-    results = {}
-    for mode in modes:
-        t = time.perf_counter()
-        results[mode] = run_mode(model, processor, mode, frames, noise, arrivals, N=a.N, k=k, S=a.S, warmup=warmup,
-                                 target_period_s=target, block_size=a.block_size)
-        m = results[mode]["metrics"]
-        print(f"[bench] {mode}: {m['action_hz']:.1f} Hz, {m['tokens_per_s']:.1f} tok/s, frame "
-              f"{m['cycle_ms_mean']:.1f} ms ({time.perf_counter() - t:.1f}s)", flush=True)
+    specs = {mode: dict(mode=mode, arrivals=arrivals, N=a.N, k=k, S=a.S, target_period_s=target,
+                        block_size=a.block_size) for mode in modes}
     if not a.no_shared_nk and "oxygen" in modes and k != "adaptive":
         arr_k = [[(kd, p, min(n, k)) for kd, p, n in row] for row in arrivals]
-        results["shared_N=k"] = run_mode(model, processor, "shared", frames, noise, arr_k, N=k, k=k, S=a.S,
-                                         warmup=warmup, block_size=a.block_size)
+        specs["shared_N=k"] = dict(mode="shared", arrivals=arr_k, N=k, k=k, S=a.S, block_size=a.block_size)
+    t = time.perf_counter()
+    results = run_all(model, processor, specs, frames, noise, warmup=warmup, interleave=not a.sequential,
+                      log=lambda msg: print(f"[bench] {msg}", flush=True))
+    print(f"[bench] runs done in {time.perf_counter() - t:.1f}s ("
+          f"{'back to back' if a.sequential else 'interleaved frame by frame'})", flush=True)
+    for name, r in results.items():
+        m = r["metrics"]
+        print(f"[bench] {name}: {m['action_hz']:.1f} Hz, {m['tokens_per_s']:.1f} tok/s, frame "
+              f"{m['cycle_ms_mean']:.1f} ms", flush=True)
 
     summary = {}
     if "isolated" in results and "oxygen" in results:
@@ -463,11 +517,14 @@ def run_sweep(model, processor, cfg, a, costs) -> list:
     out = []
     for N in Ns:
         arr = make_arrivals(n, a.seed, N)
-        iso = run_mode(model, processor, "isolated", frames, noise, arr, N=N, k=1, S=a.S, warmup=2,
-                       block_size=a.block_size)["metrics"]
+        specs = {"isolated": dict(mode="isolated", arrivals=arr, N=N, k=1, S=a.S, block_size=a.block_size)}
         for k in ks:
-            ox = run_mode(model, processor, "oxygen", frames, noise, arr, N=N, k=k, S=a.S,
-                          warmup=2 * math.ceil(N / k) + 2, block_size=a.block_size)["metrics"]
+            specs[f"oxygen_k{k}"] = dict(mode="oxygen", arrivals=arr, N=N, k=k, S=a.S, block_size=a.block_size)
+        res = run_all(model, processor, specs, frames, noise, warmup=2 * math.ceil(N / min(ks)) + 2,
+                      interleave=not a.sequential)
+        iso = res["isolated"]["metrics"]
+        for k in ks:
+            ox = res[f"oxygen_k{k}"]["metrics"]
             ide = ideal(costs, N, k)
             row = {"N": N, "k": k, "isolated_hz": iso["action_hz"], "oxygen_hz": ox["action_hz"],
                    "isolated_tok_s": iso["tokens_per_s"], "oxygen_tok_s": ox["tokens_per_s"],

@@ -1,0 +1,65 @@
+"""Tests of engine/bench.py: the benchmark runs end to end on the tiny preset (all modes, the shared N=k bound, the k/N
+sweep, adaptive k, Poisson arrivals with mixed lengths and kinds), writes its JSON / table / PNG with the hardware
+named, reports component costs, the ideal speedup and the cross-mode equivalence check; and its ideal model follows
+the engine's scheduling rule. Behaviour only: no timing thresholds."""
+import json
+import os
+
+import pytest
+import torch
+
+from oxygen_ros.engine import bench
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_steady_state_schedule_and_ideal():
+    assert bench.steady_state_schedule(30, 5) == [6, 6, 6, 6, 5]
+    assert bench.steady_state_schedule(7, 3) == [3, 2, 1]
+    assert bench.steady_state_schedule(5, 1) == [4]
+    costs = {"prefill_s": 0.175, "actions_s": 0.04, "decode_step_s": {1: 0.0045, 6: 0.010, 8: 0.012}}
+    ide = bench.ideal(costs, 30, 5)
+    assert ide["isolated_frame_s"] == pytest.approx(2 * 0.175 + 0.04 + 29 * 0.0045)
+    assert ide["oxygen_frame_s"] == pytest.approx(0.175 + 0.04 + 4 * 0.010 + bench.decode_cost(costs, 5))
+    assert 1.8 < ide["speedup_oxygen_vs_isolated"] < 2.1       # the issue's rough estimate: "near 2x"
+
+
+def test_bench_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    doc = bench.main(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
+                      "--reps", "1", "--sweep", "--sweep-n", "4", "--sweep-k", "2,4", "--sweep-frames", "3",
+                      "--kinds", "subtask,conversation", "--masked-camera", "1", "--out", str(out)])
+    for f in ("results.json", "table.txt", "results.png"):
+        assert (out / f).stat().st_size > 0
+    with open(out / "results.json") as f:
+        j = json.load(f)
+    assert set(j["modes"]) == {"isolated", "shared", "oxygen", "shared_N=k"}
+    for key in ("cpu", "torch", "device", "device_name"):
+        assert j["hardware"][key]
+    cc = j["component_costs"]
+    assert cc["prefill_ms"] > 0 and cc["denoise_step_ms"] > 0 and len(cc["decode_step_ms"]) >= 8
+    assert j["ideal"]["speedup_oxygen_vs_isolated"] > 0
+    for key in ("speedup_action_hz", "speedup_tokens_per_s", "pct_of_ideal_hz", "oxygen_frame_over_shared_N=k"):
+        assert j["summary"][key] > 0
+    for mode in ("shared", "oxygen"):
+        eq = j["equivalence"][mode]
+        assert eq["actions_max_rel_diff"] <= 1e-5 and eq["requests_same_tokens"] == eq["requests"] == 4
+    assert j["modes"]["oxygen"]["prefills_per_frame"] == 1.0 and j["modes"]["isolated"]["prefills_per_frame"] >= 2
+    assert j["modes"]["oxygen"]["kv_bytes_after_drain"] == 0
+    assert len(j["sweep"]) == 2 and all(s["speedup_hz"] > 0 for s in j["sweep"])
+    assert "oxygen" in (out / "table.txt").read_text()
+
+
+def test_bench_adaptive_poisson_mixed(tmp_path):
+    doc = bench.main(["--preset", "tiny", "--frames", "4", "-N", "6", "--k", "adaptive", "-S", "1", "--warmup", "1",
+                      "--reps", "1", "--modes", "oxygen", "--arrivals", "poisson", "--rate", "1.5",
+                      "--mixed-lengths", "--kinds", "subtask,memory", "--out", str(tmp_path)])
+    m = doc["modes"]["oxygen"]
+    assert m["budget_adaptive"] is True and m["k_mean"] >= 1 and m["deadline_misses"] >= 0
+    assert os.path.exists(os.path.join(tmp_path, "results.png"))
