@@ -427,7 +427,7 @@ class Pi05Model(nn.Module):
         We = self.cfg.expert.width
         frac = torch.linspace(0.0, 1.0, We // 2, dtype=torch.float64, device=t.device)
         period = self.cfg.time_min_period * (self.cfg.time_max_period / self.cfg.time_min_period) ** frac
-        ang = (2 * math.pi / period)[None, :] * t.double()[:, None]             # [B, We/2]
+        ang = (1.0 / period * 2 * math.pi)[None, :] * t.double()[:, None]       # [B, We/2] (openpi's op order)
         emb = torch.cat([torch.sin(ang), torch.cos(ang)], dim=1).float()
         w = self.time_mlp_in.weight.dtype
         h = F.silu(self.time_mlp_in(emb.to(w)))
