@@ -74,6 +74,8 @@ PARAMETERS: dict[str, tuple] = {
     "decode_k": (_I, 5, "Language tokens per request per cycle (oxygen mode).", (1, 256)),
     "adaptive_k": (_B, False, "Deadline-aware k from the frame period (needs frame_rate_hz > 0).", None),
     "max_new_tokens": (_I, 32, "Max generated tokens per language request.", (1, 4096)),
+    "temperature": (_D, 0.0, "Language sampling temperature; 0 = greedy.", (0.0, 10.0)),
+    "top_p": (_D, 1.0, "Nucleus sampling threshold (with temperature > 0).", (0.0, 1.0)),
     "kv_budget_mb": (_D, 0.0, "KV pool size in MiB; 0 = the engine's default.", (0.0, 1.0e6)),
     "max_wait_cycles": (_I, 0, "Reject a language request that waited this many cycles for KV/batch capacity; "
                                "0 = wait (the engine's bounded queue drops the oldest).", (0, 1_000_000)),
@@ -372,7 +374,8 @@ class OxygenNode(LifecycleNode):
         # Imported here so that `--help`, parameter listing and diagnostics need no torch.
         import torch  # noqa: PLC0415
         from oxygen_ros.engine.engine import Engine, EngineConfig  # noqa: PLC0415
-        from oxygen_ros.model import Processor, build_model, get_config, load_checkpoint, load_tokenizer  # noqa
+        from oxygen_ros.model import (Processor, SamplingParams, build_model, get_config,  # noqa: PLC0415
+                                      load_checkpoint, load_tokenizer)
 
         if int(self.p("torch_threads")) > 0:
             torch.set_num_threads(int(self.p("torch_threads")))
@@ -440,6 +443,8 @@ class OxygenNode(LifecycleNode):
             seed=seed,
             memory_interval_s=mem_int if mem_int > 0 else None,
             max_wait_frames=int(self.p("max_wait_cycles")) or None,
+            sampling=(SamplingParams(temperature=float(self.p("temperature")), top_p=float(self.p("top_p")))
+                      if self.p("temperature") > 0 else None),
             memory_prompt=self.p("memory_prompt"),
         )
         engine = Engine(model, processor, ec, on_actions=self._on_actions, on_token=self._on_token,

@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     if a.checkpoint:
         params["checkpoint"] = a.checkpoint
     else:
-        params.update(preset=a.preset, horizon=a.horizon)
+        # sampled (not greedy) so the random model's streamed text visibly changes token by token
+        params.update(preset=a.preset, horizon=a.horizon, temperature=1.0)
     node = NodeProcess(out / "demo_node.log", params, a.params_file or None)
     print(f"[setup] started oxygen_node (pid {node.proc.pid}, log {out / 'demo_node.log'}); loading the model ...",
           flush=True)
