@@ -132,6 +132,19 @@ def measure_components(model, processor, obs: Observation, N: int, S: int, max_b
             "decode_step_s": decode, "prefix_valid_tokens": int(pre.mask[0].sum()), "prefix_positions": pre.length}
 
 
+def mean_costs(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for key in ("prefill_s", "actions_s", "denoise_step_s"):
+        out[key] = (a[key] + b[key]) / 2
+    out["decode_step_s"] = {k: (a["decode_step_s"][k] + b["decode_step_s"][k]) / 2 for k in a["decode_step_s"]}
+    return out
+
+
+def _ms(c: dict) -> dict:
+    return {"prefill_ms": c["prefill_s"] * 1e3, "actions_ms": c["actions_s"] * 1e3,
+            "decode_step_ms": {b: v * 1e3 for b, v in c["decode_step_s"].items()}}
+
+
 def pool_blocks(cfg, block_size):
     return -(-cfg.prefix_len // block_size)
 
@@ -191,8 +204,7 @@ class _Run:
             for kind, prompt, n_new in self.arrivals[i % len(self.arrivals)]:
                 self.eng.submit(kind, prompt, n_new)
             self.eng.cycle(frames[i % len(frames)], noise=noise[i % len(noise)])
-        self.eng.drain(frames[0])
-        self.eng.reset_metrics()
+        self.eng.reset_metrics()          # in flight requests stay: timing starts in the mode's steady state
         self.eng.on_actions = self.actions.append
         self.eng.on_finished = lambda r: self.texts.__setitem__(r.request_id, r.token_ids)
 
@@ -221,8 +233,8 @@ class _Run:
 
 def run_all(model, processor, specs: dict, frames: list, noise: list, *, warmup: int, interleave: bool = True,
             log=None) -> dict:
-    """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size). Each run gets warm-up frames (untimed,
-    then drained) and then the same timed frames. interleave=True runs the modes frame by frame in rotating order, so
+    """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size). Each run gets warm-up frames (untimed;
+    they also fill oxygen's pipeline, so timing starts in steady state) and then the same timed frames. interleave=True runs the modes frame by frame in rotating order, so
     that the load of a shared machine falls on all of them alike; False runs them back to back."""
     runs = {name: _Run(model, processor, **sp) for name, sp in specs.items()}
     for r in runs.values():
@@ -283,7 +295,7 @@ def _fmt(x, nd=1):
 
 def table(results: dict, base: str = "isolated") -> str:
     cols = ["mode", "frame ms", "action Hz", "tok/s", "tok/s tot", "cyc p50", "cyc p90", "cyc p99", "act lat p50",
-            "prefill/f", "batch", "KV peak MB", "x Hz", "x tok/s"]
+            "prefill/f", "batch", "KV peak MB", "x Hz", "x tok/s", "| prefill", "actions", "decode", "other ms"]
     rows = []
     b = results.get(base, {}).get("metrics")
     for name, r in results.items():
@@ -295,7 +307,9 @@ def table(results: dict, base: str = "isolated") -> str:
                      _fmt(m.get("tokens_per_s_total")), _fmt(m.get("cycle_ms_p50")), _fmt(m.get("cycle_ms_p90")),
                      _fmt(m.get("cycle_ms_p99")), _fmt(m.get("action_latency_ms_p50")),
                      _fmt(m.get("prefills_per_frame"), 2), _fmt(m.get("batch_size_mean"), 2),
-                     _fmt((m.get("kv_bytes_peak") or 0) / 2 ** 20, 2), _fmt(xs[0], 2), _fmt(xs[1], 2)])
+                     _fmt((m.get("kv_bytes_peak") or 0) / 2 ** 20, 2), _fmt(xs[0], 2), _fmt(xs[1], 2),
+                     "| " + _fmt(m.get("prefill_ms_per_frame")), _fmt(m.get("actions_ms_per_frame")),
+                     _fmt(m.get("decode_ms_per_frame")), _fmt(m.get("other_ms_per_frame"))])
     w = [max(len(str(c)), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda r: "  ".join(str(x).rjust(w[i]) if i else str(x).ljust(w[i]) for i, x in enumerate(r))  # noqa: E731
     return "\n".join([line(cols), line(["-" * x for x in w])] + [line(r) for r in rows])
@@ -428,6 +442,7 @@ def main(argv=None) -> dict:
     t = time.perf_counter()
     max_b = max(8, math.ceil(a.N / k_num) + 2)
     costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps, block_size=a.block_size)
+    costs_before = costs
     ideal_k = k_num
     ide = ideal(costs, a.N, ideal_k)
     print(f"[bench] components ({time.perf_counter() - t:.1f}s): prefill {costs['prefill_s'] * 1e3:.1f} ms, "
@@ -453,6 +468,15 @@ def main(argv=None) -> dict:
         print(f"[bench] {name}: {m['action_hz']:.1f} Hz, {m['tokens_per_s']:.1f} tok/s, frame "
               f"{m['cycle_ms_mean']:.1f} ms", flush=True)
 
+    # component costs once more after the runs; the ideal uses the mean of both measurements (load drifts)
+    costs_after = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps,
+                                     block_size=a.block_size)
+    costs = mean_costs(costs_before, costs_after)
+    ide = ideal(costs, a.N, ideal_k)
+    print(f"[bench] components after the runs: prefill {costs_after['prefill_s'] * 1e3:.1f} ms, actions "
+          f"{costs_after['actions_s'] * 1e3:.1f} ms, decode step "
+          + ", ".join(f"b{b} {v * 1e3:.2f}" for b, v in costs_after["decode_step_s"].items()) + " ms; ideal speedup "
+          f"from the mean: {ide['speedup_oxygen_vs_isolated']:.2f}x", flush=True)
     summary = {}
     if "isolated" in results and "oxygen" in results:
         mi, mo = results["isolated"]["metrics"], results["oxygen"]["metrics"]
@@ -489,6 +513,7 @@ def main(argv=None) -> dict:
             print(f"    N={s['N']:3d} k={s['k']:3d}: {s['speedup_hz']:.2f}x (ideal {s['ideal_speedup']:.2f}x)")
 
     doc = {"args": vars(a), "config": cfg.to_dict(), "hardware": hardware(a.device),
+           "component_costs_before": _ms(costs_before), "component_costs_after": _ms(costs_after),
            "component_costs": {"prefill_ms": costs["prefill_s"] * 1e3, "actions_ms": costs["actions_s"] * 1e3,
                                "denoise_step_ms": costs["denoise_step_s"] * 1e3,
                                "decode_step_ms": {b: v * 1e3 for b, v in costs["decode_step_s"].items()},

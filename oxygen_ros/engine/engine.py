@@ -212,7 +212,8 @@ class Engine:
         cs = _CycleState()
         cs.unbound = drained
         self.kv.begin_cycle()
-        rec = dict(tokens=0, prefills=0, prompt_extends=0, decode_steps=0, batch_sizes=[], admitted=0, k=0)
+        rec = dict(tokens=0, prefills=0, prompt_extends=0, decode_steps=0, batch_sizes=[], admitted=0, k=0,
+                   t_prefill=0.0, t_actions=0.0, t_decode=0.0)
         try:
             t_act = self._actions_and_admission(observation, noise, fi, t0, cs, rec)
             if c.mode == "oxygen":
@@ -228,7 +229,8 @@ class Engine:
         missed = self.budget.end_cycle(duration, explained_s=rec.pop("explained", 0.0))
         r = CycleRecord(fi, t0, duration, t_act - t0, rec["tokens"], rec["prefills"], rec["prompt_extends"],
                         rec["decode_steps"], rec["batch_sizes"], self.kv.num_active, rec["admitted"], rec["k"],
-                        missed, self.pool.used_bytes, self.kv.live_tokens)
+                        missed, self.pool.used_bytes, self.kv.live_tokens, rec["t_prefill"], rec["t_actions"],
+                        rec["t_decode"])
         self._metrics.add_cycle(r)
         out = asdict(r)
         out.pop("batch_sizes")
@@ -280,12 +282,15 @@ class Engine:
         tp = time.perf_counter()
         prefix = model.prefill(images, image_masks, tokens, token_masks, want_logits=want_logits)
         rec["prefills"] += 1
+        _sync(self.device)
         # 2. actions, published at once
         ta = time.perf_counter()
+        rec["t_prefill"] += ta - tp
         actions = model.sample_actions(prefix, noise, self.S)
         acts = self.processor.unnormalize_actions(actions[0])
         _sync(self.device)
         t_act = time.perf_counter()
+        rec["t_actions"] += t_act - ta
         self.budget.observe_prefill(ta - tp)
         self.budget.observe_actions(t_act - ta)
         stamp = getattr(observation, "stamp", None)
@@ -385,6 +390,7 @@ class Engine:
             self._after_admit(st, rec)
         if others:
             toks, tmask = self._pad([lang[r.request_id] for r in others])
+            tp = time.perf_counter()
             if iso_prefix:
                 img = _slice_prefix(prefix, self._img_dense)
                 ext = self.model.extend_prefix(img, toks, tmask, want_logits=True)
@@ -396,6 +402,8 @@ class Engine:
                                          image_masks.expand(B2, *image_masks.shape[1:]), toks, tmask,
                                          want_logits=True)
                 rec["prefills"] += 1
+            _sync(self.device)
+            rec["t_prefill"] += time.perf_counter() - tp
             now = time.perf_counter()
             for j, r in enumerate(others):
                 cs.unbound.remove(r)
@@ -434,6 +442,8 @@ class Engine:
             td = time.perf_counter()
             own = self.model.prefill(images, image_masks, toks, tmask, want_logits=True)
             rec["prefills"] += 1
+            _sync(self.device)
+            rec["t_prefill"] += time.perf_counter() - td
             cs.unbound.remove(r)
             ofp = kv.store_prefix(own, 0, frame_index=fi, image_positions=self._img_dense, private=True)
             cs.creator_refs.append(ofp)
@@ -502,8 +512,10 @@ class Engine:
                 sampling = [plan.rows[r].sampling or SamplingParams() for r in act]
             ts = time.perf_counter()
             out = model.decode(DecodeBatch(token_ids, positions, write, read, mask, sampling), self.pool)
-            ids = out.next_ids.tolist()
-            self.budget.observe_step(len(act), time.perf_counter() - ts)
+            ids = out.next_ids.tolist()                              # the step's one host sync
+            dt = time.perf_counter() - ts
+            rec["t_decode"] += dt
+            self.budget.observe_step(len(act), dt)
             rec["decode_steps"] += 1
             rec["batch_sizes"].append(len(act))
             rec["tokens"] += len(ids)

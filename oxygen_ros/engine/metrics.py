@@ -44,6 +44,9 @@ class CycleRecord:
     deadline_missed: bool
     kv_bytes_in_use: int
     kv_live_tokens: int
+    prefill_s: float = 0.0       # time in prefill / extend_prefix calls
+    actions_s: float = 0.0       # time sampling (and un-normalising) the action chunk
+    decode_s: float = 0.0        # time in batched decode calls
 
 
 class Metrics:
@@ -105,6 +108,10 @@ class Metrics:
                 "cycle_ms_p99": percentile(dur, 99) * 1e3, "cycle_ms_max": max(dur) * 1e3,
                 "action_latency_ms_p50": percentile(lat, 50) * 1e3, "action_latency_ms_p90": percentile(lat, 90) * 1e3,
                 "action_latency_ms_p99": percentile(lat, 99) * 1e3,
+                "prefill_ms_per_frame": _mean([c.prefill_s for c in cyc]) * 1e3,
+                "actions_ms_per_frame": _mean([c.actions_s for c in cyc]) * 1e3,
+                "decode_ms_per_frame": _mean([c.decode_s for c in cyc]) * 1e3,
+                "other_ms_per_frame": _mean([c.duration_s - c.prefill_s - c.actions_s - c.decode_s for c in cyc]) * 1e3,
                 "prefills_per_frame": _mean([c.prefills for c in cyc]),
                 "prompt_extends_per_frame": _mean([c.prompt_extends for c in cyc]),
                 "decode_steps_per_frame": _mean([c.decode_steps for c in cyc]),
