@@ -1,19 +1,21 @@
 """Synthetic rosbag2 bags and a raw-bytes bag player, for machines without ``ros2 bag`` (and for tests and the demo).
 
-This file owns the bag side of the project.  ``oxygen make-bag OUT`` (``make_bag_main``) writes a rosbag2 bag
-(MCAP by default, ``--storage sqlite3`` for ``.db3``; metadata version 9, readable by Jazzy/Kilted ``ros2 bag play``)
-with the node's inputs: three cameras (``/camera/base/image_raw`` rgb8, the two wrist cameras bgr8; a coloured block
-moving over a textured background, so consecutive frames differ), ``/joint_states`` (14 named joints, smooth
-sinusoids), ``/instruction`` (repeated every 2 s so late subscribers get it) and ``/conversation/prompt`` (a few
-questions).  It is written with ``rosbags`` (pure Python); the ``oxygen_ros`` message types are registered from
-the ``.msg`` text in ``msg/`` so bags recorded on a robot with our topics can be read too.  ``oxygen replay BAG``
-(``replay_main``; class ``BagReplayer``) republishes the recorded CDR bytes unchanged through rclpy at recorded
-timing (``--rate``, ``--loop``, ``--duration``, ``--namespace``).  By default it restamps: ``header.stamp`` of every
-message that starts with a ``std_msgs/Header`` is overwritten in the CDR bytes with the current ROS time at
-publication (so the node's observation-age checks see live data and published chunks carry the replayed frames'
-new capture times); ``--no-restamp`` keeps the recorded stamps (the node will then treat them as stale unless
-``max_observation_age_s`` is large).  Replay publishes with reliable QoS (matches both reliable and best-effort
-subscribers) and, unless told otherwise, uses ``config/fastdds_large_frames.xml`` so frames over 512 KiB are not lost.
+This file owns the bag side of the project. ``oxygen make-bag OUT`` (``make_bag_main``) writes a rosbag2 bag (MCAP by
+default, ``--storage sqlite3`` for ``.db3``; metadata version 9, readable by Jazzy/Kilted ``ros2 bag play``) with the
+node's inputs: three cameras (``/camera/base/image_raw`` rgb8, the two wrist cameras bgr8; a coloured block moving
+over a textured background, so consecutive frames differ), ``/joint_states`` (14 named joints, smooth sinusoids),
+``/instruction`` (repeated every 2 s so late subscribers get it) and ``/conversation/prompt`` (a few questions). It
+is written with ``rosbags`` (pure Python); the ``oxygen_ros`` message types are registered from the ``.msg`` text in
+``msg/`` so bags recorded on a robot with our topics can be read too. ``oxygen replay BAG`` (``replay_main``; class
+``BagReplayer``) republishes the recorded CDR bytes unchanged through rclpy at recorded timing (``--rate``,
+``--loop``, ``--duration``, ``--namespace``, ``--clock HZ`` to publish ``/clock`` in bag time for ``use_sim_time``
+nodes, like ``ros2 bag play --clock``; time jumps back when a loop restarts). By default it restamps:
+``header.stamp`` of every message that starts with a ``std_msgs/Header`` is overwritten in the CDR bytes with the
+current ROS time at publication (so the node's observation-age checks see live data and published chunks carry the
+replayed frames' new capture times); ``--no-restamp`` keeps the recorded stamps (the node will then treat them as
+stale unless ``max_observation_age_s`` is large). Replay publishes with reliable QoS (matches both reliable and
+best-effort subscribers) and, unless told otherwise, uses ``config/fastdds_large_frames.xml`` so frames over 512 KiB
+are not lost.
 """
 from __future__ import annotations
 
@@ -231,7 +233,7 @@ class BagReplayer:
 
     def __init__(self, node, bag: str | os.PathLike, *, rate: float = 1.0, loop: bool = False,
                  duration: float | None = None, restamp: bool = True, namespace: str = "",
-                 topics=None, exclude=(), on_publish=None):
+                 topics=None, exclude=(), on_publish=None, clock_hz: float = 0.0):
         from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy  # noqa: PLC0415
         from rosbags.rosbag2 import Reader  # noqa: PLC0415
 
@@ -241,6 +243,9 @@ class BagReplayer:
         self.duration, self.restamp, self.on_publish = duration, restamp, on_publish
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._clock_thread: threading.Thread | None = None
+        self.clock_hz = float(clock_hz)
+        self._origin: tuple[float, int] | None = None      # (wall monotonic, bag ns) of the current pass
         self.published = 0
         self.loops = 0
         self.error: BaseException | None = None
@@ -251,6 +256,11 @@ class BagReplayer:
             ns = "/" + ns
         self._pubs = {}
         self._has_header = {}
+        if self.clock_hz > 0:
+            from rosgraph_msgs.msg import Clock  # noqa: PLC0415
+            self._Clock = Clock
+            self._clock_pub = node.create_publisher(Clock, "/clock", QoSProfile(
+                depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST))
         with Reader(self.bag) as r:
             self._connections = []
             for c in r.connections:
@@ -276,12 +286,30 @@ class BagReplayer:
     def start(self) -> "BagReplayer":
         self._thread = threading.Thread(target=self._run, name="bag-replay", daemon=True)
         self._thread.start()
+        if self.clock_hz > 0:
+            self._clock_thread = threading.Thread(target=self._run_clock, name="bag-clock", daemon=True)
+            self._clock_thread.start()
         return self
+
+    def _run_clock(self) -> None:
+        """Publish /clock = the bag time being played (for nodes with use_sim_time)."""
+        period = 1.0 / self.clock_hz
+        while not self._stop.wait(period):
+            if self._thread is not None and not self._thread.is_alive():
+                return
+            o = self._origin
+            if o is None:
+                continue
+            ns = o[1] + int((time.monotonic() - o[0]) * self.rate * 1e9)
+            msg = self._Clock()
+            msg.clock.sec, msg.clock.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
+            self._clock_pub.publish(msg)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for th in (self._thread, self._clock_thread):
+            if th is not None:
+                th.join(timeout)
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -304,6 +332,7 @@ class BagReplayer:
                     for c, ns_bag, raw in r.messages(connections=conns):
                         if t_bag0 is None:
                             t_bag0 = ns_bag
+                            self._origin = (t_wall0, t_bag0)
                         target = t_wall0 + (ns_bag - t_bag0) / 1e9 / self.rate
                         while True:
                             now = time.monotonic()
@@ -343,6 +372,8 @@ def replay_main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (wall clock)")
     p.add_argument("--no-restamp", dest="restamp", action="store_false",
                    help="keep recorded header stamps (default: rewrite them to the time of publication)")
+    p.add_argument("--clock", type=float, default=0.0, metavar="HZ",
+                   help="also publish /clock (bag time) at HZ for nodes with use_sim_time; implies --no-restamp")
     p.add_argument("--namespace", default="", help="prefix topics with this namespace")
     p.add_argument("--topics", nargs="*", default=None, help="only these recorded topics")
     p.add_argument("--exclude", nargs="*", default=(), help="skip these recorded topics")
@@ -368,8 +399,9 @@ def replay_main(argv=None) -> int:
 
     rclpy.init(args=["replay"] + ros_args)
     node = rclpy.create_node("oxygen_replay")
-    rep = BagReplayer(node, bag, rate=a.rate, loop=a.loop, duration=a.duration, restamp=a.restamp,
-                      namespace=a.namespace, topics=a.topics, exclude=a.exclude)
+    rep = BagReplayer(node, bag, rate=a.rate, loop=a.loop, duration=a.duration,
+                      restamp=a.restamp and not a.clock, namespace=a.namespace, topics=a.topics, exclude=a.exclude,
+                      clock_hz=a.clock)
     if not a.quiet:
         s = bag_summary(bag)
         print(f"replaying {bag} ({s['duration_s']:.1f} s, rate {a.rate}, loop {a.loop}, "
