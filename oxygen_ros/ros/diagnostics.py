@@ -142,6 +142,7 @@ def build_statuses(s: dict) -> list[Status]:
             "cycles_skipped_stale": counters.get("cycle_skipped_stale", 0),
             "cycle_latency_ms_p50": s.get("cycle_latency_ms_p50", 0.0),
             "cycle_latency_ms_p99": s.get("cycle_latency_ms_p99", 0.0),
+            "frame_age_at_cycle_ms_p50": s.get("frame_age_at_cycle_ms_p50", 0.0),
             "deadline_misses": s.get("deadline_misses", 0), "uptime_s": s.get("uptime_s", 0.0),
             "model": s.get("model", ""), "engine_mode": s.get("engine_mode", "")}
     for k, v in sorted((s.get("engine") or {}).items()):

@@ -177,6 +177,7 @@ class OxygenNode(LifecycleNode):
         self._chunk_meter = diag.RateMeter(2.0)
         self._token_meter = diag.RateMeter(2.0)
         self._cycle_ms: collections.deque = collections.deque(maxlen=200)
+        self._wait_ms: collections.deque = collections.deque(maxlen=200)   # frame capture -> cycle start
         self._deadline_misses = 0
         self._cycles = 0
         self._cycle_errors = 0
@@ -612,6 +613,7 @@ class OxygenNode(LifecycleNode):
                                       "(if frames do arrive, check clock sync or set stamp_source: receive)",
                                       throttle_duration_sec=2.0)
             return
+        self._wait_ms.append((now - prim[1]) / 1e6)
         images = [None, None, None]
         for slot, item in enumerate(latest):
             if item is None or now - item[1] > max_age_ns:
@@ -866,6 +868,7 @@ class OxygenNode(LifecycleNode):
         max_age = float(self.p("max_observation_age_s"))
         em = self._engine_metrics()
         cyc = sorted(self._cycle_ms)
+        wait = sorted(self._wait_ms)
         cap = em.get("kv_bytes_capacity") or 0
         used = em.get("kv_bytes_in_use") or 0
         err_delta = self._cycle_errors - self._cycle_errors_prev
@@ -881,6 +884,7 @@ class OxygenNode(LifecycleNode):
             "chunk_rate_hz": self._chunk_meter.rate(),
             "cycle_latency_ms_p50": cyc[len(cyc) // 2] if cyc else 0.0,
             "cycle_latency_ms_p99": cyc[min(len(cyc) - 1, int(len(cyc) * 0.99))] if cyc else 0.0,
+            "frame_age_at_cycle_ms_p50": wait[len(wait) // 2] if wait else 0.0,
             "observation_age_s": age, "max_observation_age_s": max_age,
             "stale": self._state == "active" and (age is None and time.monotonic() - self._t_start > 30.0
                                                   or age is not None and age > max_age),
