@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     time.sleep(a.duration)
     t_end = time.monotonic()
     diag = dict(mon.diag)
+    frame_wait = mon.diag_value("frame_age_at_cycle_ms_p50")
     rep.stop()
     rc, _ = node.stop()
     mon.close()
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
         "chunks_computed": len(first), "inference_rate_hz": len(first) / (t_end - t_start),
         "camera_to_chunk_ms": stats_ms(lat),
         "inference_latency_ms": stats_ms(c[5] for c in first.values()),
+        "frame_age_at_cycle_start_ms_p50": frame_wait,
         "node_exit_code": rc,
         "diagnostics": {k: {"level": v[0], "message": v[1]} for k, v in diag.items()},
     }
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
         ("new chunks (inference)", f"{res['inference_rate_hz']:.1f} /s", f"{len(first)} chunks"),
         ("camera -> chunk p50 / p99", _ms(res["camera_to_chunk_ms"], ("p50", "p99")), "frame published -> chunk"),
         ("inference latency p50 / p99", _ms(res["inference_latency_ms"], ("p50", "p99")), "engine, in node"),
+        ("frame age at cycle start p50", "-" if frame_wait is None else f"{float(frame_wait):.1f} ms",
+         "waiting for the running cycle (node diagnostics)"),
     ]
     print(f"\noxygen ros-bench: {res['model']}, {res['frames']}, {res['duration_s']:.1f} s measured")
     print(f"{'metric':32s} {'value':>24s}   note")
