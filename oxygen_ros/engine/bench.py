@@ -25,7 +25,7 @@ import torch
 
 from ..kv.cache import KVCacheManager
 from ..kv.pool import KVPool
-from ..model import Observation, Processor, build_model, get_config, load_tokenizer
+from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer
 from ..model.pi05 import DecodeBatch
 from .engine import Engine, EngineConfig
 from .requests import LanguageRequest
@@ -387,6 +387,8 @@ def parse_args(argv=None):
     p.add_argument("--target-period-ms", type=float, default=None,
                    help="cycle deadline for --k adaptive (default: the ideal oxygen frame time)")
     p.add_argument("--denoise-steps", "-S", type=int, default=10, dest="S")
+    p.add_argument("--horizon", type=int, default=None,
+                   help="action horizon H (default: the preset's; bench-cpu has 10 like the paper, pi05 has 50)")
     p.add_argument("--arrivals", choices=("per-frame", "poisson"), default="per-frame")
     p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per frame for --arrivals poisson")
     p.add_argument("--mixed-lengths", action="store_true", help="max_new_tokens uniform in [N/3, 2N] per request")
@@ -415,11 +417,19 @@ def main(argv=None) -> dict:
     k = "adaptive" if a.k == "adaptive" else int(a.k)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     kinds = tuple(x.strip() for x in a.kinds.split(",") if x.strip())
-    cfg = get_config(a.preset, num_denoise_steps=a.S)
+    over = {"num_denoise_steps": a.S}
+    if a.horizon:
+        over["action_horizon"] = a.horizon
+    cfg = get_config(a.preset, **over)
     dtype = a.dtype or cfg.dtype
     model = build_model(cfg, device=a.device, dtype=dtype, seed=a.seed)
     cfg = model.cfg
-    processor = Processor(cfg, load_tokenizer(cfg))
+    try:
+        tokenizer = load_tokenizer(cfg)
+    except FileNotFoundError:      # random weights: text is meaningless anyway; bytes keep the prompt lengths honest
+        tokenizer = ByteTokenizer(cfg.vocab_size, pad_id=cfg.pad_id, eos_id=cfg.eos_id, bos_id=cfg.bos_id)
+        print(f"[bench] no SentencePiece file for {cfg.name}: using the byte tokenizer (random weights)", flush=True)
+    processor = Processor(cfg, tokenizer)
     k_num = 1 if k == "adaptive" else k
     warmup = a.warmup if a.warmup is not None else 2 * math.ceil(a.N / k_num) + 2
     frames = make_frames(cfg, a.frames, a.seed, masked_camera=a.masked_camera)

@@ -242,6 +242,7 @@ class Engine:
     def _rollback(self, cs: _CycleState, fi: int) -> None:
         self._metrics.count("cycle_errors")
         for st in cs.admitted:
+            self._streams.pop(st.request_id, None)
             if not st.finished:
                 self.kv.finish(st, FINISH_ERROR)
                 self._metrics.count("errors")
