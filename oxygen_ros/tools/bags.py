@@ -377,7 +377,7 @@ def replay_main(argv=None) -> int:
     p.add_argument("--namespace", default="", help="prefix topics with this namespace")
     p.add_argument("--topics", nargs="*", default=None, help="only these recorded topics")
     p.add_argument("--exclude", nargs="*", default=(), help="skip these recorded topics")
-    p.add_argument("--wait", type=float, default=3.0,
+    p.add_argument("--wait", type=float, default=10.0,
                    help="wait up to this many seconds for a subscriber before starting (default: %(default)s)")
     p.add_argument("--no-large-frame-profile", dest="large_frame_profile", action="store_false",
                    help="do not point Fast DDS at config/fastdds_large_frames.xml (default: do, unless "
