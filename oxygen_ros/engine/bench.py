@@ -20,10 +20,17 @@ import sys
 import time
 from typing import Optional
 
-import numpy as np
-import torch
+# On a CPU shared with other processes, OpenMP's default spin-waiting makes every parallel region wait for
+# descheduled threads (measured here: a 220 ms prefill took 4 s). Passive waiting must be chosen before torch loads
+# libgomp; an explicit setting by the user wins. Recorded in the results (hardware.omp_wait_policy).
+_OMP_PRESET = "OMP_WAIT_POLICY" in os.environ
+_TORCH_PRELOADED = "torch" in sys.modules
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from ..kv.cache import KVCacheManager
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ..kv.cache import KVCacheManager  # noqa: E402
 from ..kv.pool import KVPool
 from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer
 from ..model.pi05 import DecodeBatch
@@ -191,8 +198,9 @@ def ideal(costs: dict, N: int, k: int) -> dict:
 class _Run:
     """One engine configuration under test, with what it emitted during the timed frames."""
 
-    def __init__(self, model, processor, mode, arrivals, *, N, k, S, target_period_s=None, block_size=16):
-        self.arrivals = arrivals
+    def __init__(self, model, processor, mode, arrivals, *, N, k, S, target_period_s=None, block_size=16,
+                 warmup=None):
+        self.arrivals, self.warmup = arrivals, warmup
         max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
         self.eng = Engine(model, processor, EngineConfig(
             mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S, max_batch=max_rows, max_pending=10_000,
@@ -238,7 +246,7 @@ def run_all(model, processor, specs: dict, frames: list, noise: list, *, warmup:
     that the load of a shared machine falls on all of them alike; False runs them back to back."""
     runs = {name: _Run(model, processor, **sp) for name, sp in specs.items()}
     for r in runs.values():
-        r.warm(frames, noise, warmup)
+        r.warm(frames, noise, warmup if r.warmup is None else r.warmup)
     names = list(runs)
     if interleave:
         for i, (obs, nz) in enumerate(zip(frames, noise)):
@@ -274,7 +282,9 @@ def hardware(device) -> dict:
         pass
     hw = {"host": socket.gethostname(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
           "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-          "device": str(device), "device_name": cpu}
+          "device": str(device), "device_name": cpu,
+          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") + ("" if not _TORCH_PRELOADED or _OMP_PRESET
+                                                                  else " (set after torch was loaded: not in effect)")}
     if torch.device(device).type == "cuda":
         hw["device_name"] = torch.cuda.get_device_name(torch.device(device))
     try:
@@ -463,11 +473,14 @@ def main(argv=None) -> dict:
           f"{ide['speedup_oxygen_vs_isolated']:.2f}x", flush=True)
     target = (a.target_period_ms / 1e3) if a.target_period_ms else (ide["oxygen_frame_s"] if k == "adaptive" else None)
 
+    # isolated / shared carry nothing across frames: a few warm-up frames suffice; oxygen needs its pipeline filled
+    short = warmup if a.warmup is not None else 3
     specs = {mode: dict(mode=mode, arrivals=arrivals, N=a.N, k=k, S=a.S, target_period_s=target,
-                        block_size=a.block_size) for mode in modes}
+                        block_size=a.block_size, warmup=warmup if mode == "oxygen" else short) for mode in modes}
     if not a.no_shared_nk and "oxygen" in modes and k != "adaptive":
         arr_k = [[(kd, p, min(n, k)) for kd, p, n in row] for row in arrivals]
-        specs["shared_N=k"] = dict(mode="shared", arrivals=arr_k, N=k, k=k, S=a.S, block_size=a.block_size)
+        specs["shared_N=k"] = dict(mode="shared", arrivals=arr_k, N=k, k=k, S=a.S, block_size=a.block_size,
+                                   warmup=short)
     t = time.perf_counter()
     results = run_all(model, processor, specs, frames, noise, warmup=warmup, interleave=not a.sequential,
                       log=lambda msg: print(f"[bench] {msg}", flush=True))
@@ -498,6 +511,13 @@ def main(argv=None) -> dict:
                    "pct_of_ideal_tokens": None if sp_tok is None else 100 * sp_tok / ide["speedup_oxygen_vs_isolated"],
                    "oxygen_frame_ms": mo["cycle_ms_mean"], "ideal_oxygen_frame_ms": ide["oxygen_frame_s"] * 1e3,
                    "isolated_frame_ms": mi["cycle_ms_mean"], "ideal_isolated_frame_ms": ide["isolated_frame_s"] * 1e3}
+        # the same ideal from the component times measured inside the runs themselves (prefill + actions + decode
+        # per frame, i.e. the frame time minus everything else): what is left is scheduling overhead
+        comp = lambda m: m["prefill_ms_per_frame"] + m["actions_ms_per_frame"] + m["decode_ms_per_frame"]  # noqa
+        summary["ideal_speedup_in_run"] = comp(mi) / comp(mo)
+        summary["pct_of_in_run_ideal_hz"] = 100 * sp_hz / summary["ideal_speedup_in_run"]
+        summary["oxygen_other_ms_per_frame"] = mo["other_ms_per_frame"]
+        summary["isolated_other_ms_per_frame"] = mi["other_ms_per_frame"]
         if "shared_N=k" in results:
             fs = results["shared_N=k"]["metrics"]["cycle_ms_mean"]
             summary["shared_N=k_frame_ms"] = fs
@@ -552,11 +572,12 @@ def run_sweep(model, processor, cfg, a, costs) -> list:
     out = []
     for N in Ns:
         arr = make_arrivals(n, a.seed, N)
-        specs = {"isolated": dict(mode="isolated", arrivals=arr, N=N, k=1, S=a.S, block_size=a.block_size)}
+        specs = {"isolated": dict(mode="isolated", arrivals=arr, N=N, k=1, S=a.S, block_size=a.block_size,
+                                  warmup=2)}
         for k in ks:
-            specs[f"oxygen_k{k}"] = dict(mode="oxygen", arrivals=arr, N=N, k=k, S=a.S, block_size=a.block_size)
-        res = run_all(model, processor, specs, frames, noise, warmup=2 * math.ceil(N / min(ks)) + 2,
-                      interleave=not a.sequential)
+            specs[f"oxygen_k{k}"] = dict(mode="oxygen", arrivals=arr, N=N, k=k, S=a.S, block_size=a.block_size,
+                                         warmup=math.ceil(N / k) + 1)
+        res = run_all(model, processor, specs, frames, noise, warmup=2, interleave=not a.sequential)
         iso = res["isolated"]["metrics"]
         for k in ks:
             ox = res[f"oxygen_k{k}"]["metrics"]
