@@ -132,7 +132,8 @@ class Monitor:
             rclpy.init()
         self.node = rclpy.create_node(node_name)
         self.lock = threading.Lock()
-        # (t_recv_monotonic, recv_ros_ns, header stamp ns, chunk_id, horizon, latency_ms, observation_age_s)
+        # (t_recv_monotonic, recv_ros_ns, header stamp ns, chunk_id, horizon, latency_ms, observation_age_s,
+        #  start_time ns = the node's control tick)
         self.chunks: list = []
         self.tokens: list = []          # (t, request_id, task, index, text, is_final, finish_reason)
         self.responses: list = []       # (t, text)
@@ -169,7 +170,8 @@ class Monitor:
         rn = self.now_ns()
         hs = m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec
         with self.lock:
-            self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s))
+            st = m.start_time.sec * 1_000_000_000 + m.start_time.nanosec
+            self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s, st))
 
     def _on_token(self, m):
         with self.lock:

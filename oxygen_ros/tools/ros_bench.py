@@ -3,7 +3,8 @@
 This file owns the ROS-level benchmark.  It starts ``oxygen_node`` as a child process (``config/oxygen.yaml`` +
 ``--preset``/``--checkpoint``), replays a synthetic bag (made fresh unless ``--bag``) through rclpy in this process,
 restamping each frame with its publication time, and after ``--warmup`` seconds measures for ``--duration`` seconds:
-the ``action_chunk`` rate and its jitter (inter-arrival p50/p99/max and |inter-arrival - period|), and the
+the ``action_chunk`` rate and its jitter (inter-arrival p50/p99/max and |inter-arrival - period| at the receiver, and
+the node's own tick jitter from ``start_time``), and the
 camera-to-chunk latency (first arrival of each new chunk minus the capture stamp of the frame it was computed from,
 i.e. DDS in + queueing + inference + DDS out).  Both ends share this machine's clock.  Prints a table and writes
 JSON (``--out``, default ``out/ros_bench.json``).  Bounds are not asserted here; tests only check >= 80% of the rate.
@@ -90,6 +91,7 @@ def main(argv=None) -> int:
     period_ms = 1e3 / a.control_rate
     t = np.array([c[0] for c in chunks])
     gaps = np.diff(t) * 1e3 if t.size > 1 else np.array([])
+    ticks = np.diff(np.array([c[7] for c in chunks], dtype=np.float64)) / 1e6 if len(chunks) > 1 else np.array([])
     first = {}
     for c in chunks:
         first.setdefault(c[3], c)
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
         "control_rate_hz": len(chunks) / (t_end - t_start),
         "interarrival_ms": stats_ms(gaps),
         "jitter_abs_ms": stats_ms(np.abs(gaps - period_ms)),
+        "tick_interval_ms": stats_ms(ticks),          # node side: start_time differences (no DDS, no receiver)
+        "tick_jitter_abs_ms": stats_ms(np.abs(ticks - period_ms)),
         "chunks_computed": len(first), "inference_rate_hz": len(first) / (t_end - t_start),
         "camera_to_chunk_ms": stats_ms(lat),
         "inference_latency_ms": stats_ms(c[5] for c in first.values()),
@@ -119,7 +123,9 @@ def main(argv=None) -> int:
         ("action_chunk rate", f"{res['control_rate_hz']:.1f} Hz", f"target {a.control_rate:g} Hz"),
         ("inter-arrival p50 / p99 / max", _ms(res["interarrival_ms"], ("p50", "p99", "max")),
          f"period {period_ms:.2f} ms"),
-        ("|jitter| p50 / p99", _ms(res["jitter_abs_ms"], ("p50", "p99")), ""),
+        ("|jitter| p50 / p99", _ms(res["jitter_abs_ms"], ("p50", "p99")), "at the receiver"),
+        ("node tick |jitter| p50 / p99", _ms(res["tick_jitter_abs_ms"], ("p50", "p99")),
+         "start_time deltas, node side"),
         ("new chunks (inference)", f"{res['inference_rate_hz']:.1f} /s", f"{len(first)} chunks"),
         ("camera -> chunk p50 / p99", _ms(res["camera_to_chunk_ms"], ("p50", "p99")), "frame published -> chunk"),
         ("inference latency p50 / p99", _ms(res["inference_latency_ms"], ("p50", "p99")), "engine, in node"),
