@@ -192,6 +192,7 @@ class OxygenNode(LifecycleNode):
         self.control_late_ticks = 0
         self._buffer: ChunkBuffer | None = None
         self._state_dim_max: int | None = None
+        self._frame_id = "camera_base"             # header.frame_id of the newest primary-camera frame used
 
         self._cb_inputs = MutuallyExclusiveCallbackGroup()
         self._cb_control = MutuallyExclusiveCallbackGroup()
@@ -614,6 +615,7 @@ class OxygenNode(LifecycleNode):
                                       throttle_duration_sec=2.0)
             return
         self._wait_ms.append((now - prim[1]) / 1e6)
+        self._frame_id = prim[0].header.frame_id or ("camera_" + _SLOT_NAMES[self._primary_slot])
         images = [None, None, None]
         for slot, item in enumerate(latest):
             if item is None or now - item[1] > max_age_ns:
@@ -770,7 +772,7 @@ class OxygenNode(LifecycleNode):
         cap_ns = self._frame_capture_ns(frame_index)
         m = MemoryEntry()
         m.header.stamp = _time_msg(cap_ns) if cap_ns else self.get_clock().now().to_msg()
-        m.header.frame_id = "camera_" + _SLOT_NAMES[self._primary_slot]
+        m.header.frame_id = self._frame_id
         m.frame_index = max(0, int(frame_index))
         m.text = text
         m.source_prompt = getattr(res, "prompt", "") or self.p("memory_prompt")
@@ -828,7 +830,7 @@ class OxygenNode(LifecycleNode):
             cap_ns = self._chunk_stamp.get(s.chunk_id, int(round(s.capture_time * 1e9)))
         m = ActionChunk()
         m.header.stamp = _time_msg(cap_ns)
-        m.header.frame_id = "camera_" + _SLOT_NAMES[self._primary_slot]
+        m.header.frame_id = self._frame_id
         m.frame_index = int(s.frame_index)
         m.chunk_id = int(s.chunk_id)
         m.start_time = _time_msg(now_ns)
