@@ -96,11 +96,15 @@ def _median_time(fn, reps: int, device) -> float:
 
 
 @torch.no_grad()
-def measure_components(model, processor, obs: Observation, N: int, S: int, max_batch: int, reps: int = 5,
+def measure_components(model, processor, obs: Observation, N: int, S: int, batch_sizes, reps: int = 5,
                        block_size: int = 16) -> dict:
     """Median costs (seconds) of the primitives the engine composes: one prefill (batch 1, with logits), one action
-    sampling of S steps (and per step), one batched decode step at batch 1..max_batch reading a real frame prefix
-    plus ~N/2 private tokens (index building included, as the engine pays it)."""
+    sampling of S steps (and per step), one batched decode step at each batch size (an int n means 1..n) reading a
+    real frame prefix plus ~N/2 private tokens (index building included, as the engine pays it)."""
+    if isinstance(batch_sizes, int):
+        batch_sizes = range(1, batch_sizes + 1)
+    batch_sizes = sorted(set(int(b) for b in batch_sizes if b >= 1))
+    max_batch = batch_sizes[-1]
     dev = next(model.parameters()).device
     cfg = model.cfg
     mi = processor.prepare(obs)
@@ -114,7 +118,7 @@ def measure_components(model, processor, obs: Observation, N: int, S: int, max_b
     kv = KVCacheManager(pool, max_batch=max_batch)
     decode = {}
     warm, meas = max(2, N // 2 - reps), reps
-    for b in range(1, max_batch + 1):
+    for b in batch_sizes:
         fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
         rows = [kv.admit(LanguageRequest("subtask", "", warm + meas + 2), fp, shared_len=fp.length, first_token=5,
                          max_new_tokens=warm + meas + 2, eos_token_id=None) for _ in range(b)]
@@ -174,13 +178,20 @@ def steady_state_schedule(N: int, k: int, frames: Optional[int] = None) -> list:
 
 
 def decode_cost(costs: dict, b: int) -> float:
+    """Decode step cost at batch b: measured, else linear between the nearest measured sizes (or extrapolated)."""
     d = costs["decode_step_s"]
     if b in d:
         return d[b]
     bs = sorted(d)
-    hi, lo = bs[-1], bs[-2] if len(bs) > 1 else bs[-1]
-    slope = (d[hi] - d[lo]) / (hi - lo) if hi != lo else 0.0
-    return d[hi] + slope * (b - hi)
+    lower = [x for x in bs if x < b]
+    upper = [x for x in bs if x > b]
+    if lower and upper:
+        lo, hi = lower[-1], upper[0]
+    elif len(bs) == 1:
+        return d[bs[0]]
+    else:
+        lo, hi = (bs[-2], bs[-1]) if lower else (bs[0], bs[1])
+    return d[lo] + (d[hi] - d[lo]) * (b - lo) / (hi - lo)
 
 
 def ideal(costs: dict, N: int, k: int) -> dict:
@@ -191,7 +202,8 @@ def ideal(costs: dict, N: int, k: int) -> dict:
     sched = steady_state_schedule(N, k)
     oxy = P + A + sum(decode_cost(costs, b) for b in sched)
     return {"isolated_frame_s": iso, "shared_frame_s": shared, "oxygen_frame_s": oxy,
-            "oxygen_schedule": sched, "speedup_oxygen_vs_isolated": iso / oxy, "speedup_shared_vs_isolated": iso / shared}
+            "oxygen_schedule": sched, "speedup_oxygen_vs_isolated": iso / oxy,
+            "speedup_shared_vs_isolated": iso / shared}
 
 
 # ---------------------------------------------------------------------------------------------------------- runs
@@ -242,8 +254,9 @@ class _Run:
 def run_all(model, processor, specs: dict, frames: list, noise: list, *, warmup: int, interleave: bool = True,
             log=None) -> dict:
     """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size). Each run gets warm-up frames (untimed;
-    they also fill oxygen's pipeline, so timing starts in steady state) and then the same timed frames. interleave=True runs the modes frame by frame in rotating order, so
-    that the load of a shared machine falls on all of them alike; False runs them back to back."""
+    they also fill oxygen's pipeline, so timing starts in steady state) and then the same timed frames.
+    interleave=True runs the modes frame by frame in rotating order, so that the load of a shared machine falls on
+    all of them alike; False runs them back to back."""
     runs = {name: _Run(model, processor, **sp) for name, sp in specs.items()}
     for r in runs.values():
         r.warm(frames, noise, warmup if r.warmup is None else r.warmup)
@@ -280,7 +293,8 @@ def hardware(device) -> dict:
                     break
     except OSError:
         pass
-    hw = {"host": socket.gethostname(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    hw = {"host": socket.gethostname(), "cpu": cpu, "cpu_count": os.cpu_count(),
+          "torch_threads": torch.get_num_threads(),
           "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
           "device": str(device), "device_name": cpu,
           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") + ("" if not _TORCH_PRELOADED or _OMP_PRESET
@@ -312,7 +326,8 @@ def table(results: dict, base: str = "isolated") -> str:
         m = r["metrics"]
         xs = [None, None]
         if b and b.get("action_hz") and m.get("action_hz"):
-            xs = [m["action_hz"] / b["action_hz"], (m["tokens_per_s"] or 0) / b["tokens_per_s"] if b.get("tokens_per_s") else None]
+            xs = [m["action_hz"] / b["action_hz"],
+                  (m["tokens_per_s"] or 0) / b["tokens_per_s"] if b.get("tokens_per_s") else None]
         rows.append([name, _fmt(m.get("cycle_ms_mean")), _fmt(m.get("action_hz")), _fmt(m.get("tokens_per_s")),
                      _fmt(m.get("tokens_per_s_total")), _fmt(m.get("cycle_ms_p50")), _fmt(m.get("cycle_ms_p90")),
                      _fmt(m.get("cycle_ms_p99")), _fmt(m.get("action_latency_ms_p50")),
@@ -345,10 +360,11 @@ def plot(path: str, results: dict, sweep: Optional[list], title: str) -> None:
     ax.set_ylim(bottom=0)
     if sweep:
         ax = axes[1]
-        for N in sorted({s["N"] for s in sweep}):
+        for i, N in enumerate(sorted({s["N"] for s in sweep})):
             pts = sorted((s["k"], s["speedup_hz"], s["ideal_speedup"]) for s in sweep if s["N"] == N)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"N={N} measured")
-            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", alpha=0.6, label=f"N={N} ideal")
+            color = f"C{i}"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=f"N={N} measured")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=color, alpha=0.5, label=f"N={N} ideal")
         ax.set_xlabel("k (tokens per request per frame)")
         ax.set_ylabel("oxygen / isolated action frequency")
         ax.set_title("k/N sweep", fontsize=9)
@@ -460,7 +476,11 @@ def main(argv=None) -> dict:
     except OSError:
         pass
     t = time.perf_counter()
-    max_b = max(8, math.ceil(a.N / k_num) + 2)
+    max_b = set(range(1, max(8, math.ceil(a.N / k_num) + 2) + 1))
+    if a.sweep:                    # the batch sizes the sweep's steady states use, so its ideal is measured too
+        for n_ in a.sweep_n.split(","):
+            for k_ in a.sweep_k.split(","):
+                max_b |= set(steady_state_schedule(int(n_), int(k_)))
     costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps, block_size=a.block_size)
     costs_before = costs
     ideal_k = k_num

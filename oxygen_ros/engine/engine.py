@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -28,7 +28,7 @@ from ..model.pi05 import DecodeBatch, Prefix, SamplingParams, sample_tokens
 from ..model.tokenizer import StreamDecoder
 from .budget import make_budget
 from .metrics import CycleRecord, Metrics
-from .requests import (FINISH_DROPPED, FINISH_ERROR, FINISH_REJECTED, KINDS, ActionResult, LanguageRequest,
+from .requests import (FINISH_DROPPED, FINISH_ERROR, FINISH_REJECTED, ActionResult, LanguageRequest,
                        RequestResult, TokenEvent)
 
 MODES = ("isolated", "shared", "oxygen")
@@ -92,9 +92,11 @@ class Engine:
         self.device = next(model.parameters()).device
         self.on_actions, self.on_token, self.on_finished = on_actions, on_token, on_finished
         self.tokenizer = getattr(processor, "tokenizer", None)
-        self.eos_token_id = config.eos_token_id if config.eos_token_id is not None else \
-            getattr(self.tokenizer, "eos_id", None) if getattr(self.tokenizer, "eos_id", None) is not None else \
-            self.cfg.eos_id
+        tok_eos = getattr(self.tokenizer, "eos_id", None)
+        if config.eos_token_id is not None:
+            self.eos_token_id = config.eos_token_id
+        else:
+            self.eos_token_id = tok_eos if tok_eos is not None else self.cfg.eos_id
         self.max_prompt_tokens = config.max_prompt_tokens or self.cfg.max_token_len
         self.S = config.denoise_steps or self.cfg.num_denoise_steps
         self.pool = pool or self._make_pool()
@@ -117,7 +119,7 @@ class Engine:
     # ------------------------------------------------------------------ set-up
     def _make_pool(self) -> KVPool:
         c, cfg = self.config, self.cfg
-        dtype = next(self.model.parameters()).dtype if self.model.dtype is None else self.model.dtype
+        dtype = getattr(self.model, "dtype", None) or next(self.model.parameters()).dtype
         if c.kv_num_blocks is None and c.kv_budget_mb is None:
             bs = c.kv_block_size
             per_prefix = -(-cfg.prefix_len // bs)

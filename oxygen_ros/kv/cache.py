@@ -239,8 +239,8 @@ class KVCacheManager:
             base = prefix.next_position
         else:
             base = int(prefix.positions[shared_len - 1]) + 1 if shared_len else 0
-        st = RequestState(request, prefix, shared_len, base, max_new_tokens, eos_token_id, sampling, frame_index, blocks,
-                          self.pool.slots(blocks), n_prompt, 0, total - now_blocks)
+        st = RequestState(request, prefix, shared_len, base, max_new_tokens, eos_token_id, sampling, frame_index,
+                          blocks, self.pool.slots(blocks), n_prompt, 0, total - now_blocks)
         try:
             if n_prompt:
                 pos = pp.positions[prow].index_select(0, idx)
