@@ -382,8 +382,10 @@ class Pi05Model(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self) -> None:
-        # Random-init for the small presets: torch defaults for Linear/Conv/LayerNorm, N(0,1) embeddings, Gemma norms 0
-        # (i.e. scale 1), adaRMS gate bias 1 so the expert's residual branches are alive.
+        # Random-init for the small presets: torch defaults for Linear/Conv/LayerNorm, Gemma norms 0 (i.e. scale 1),
+        # adaRMS gate bias 1 so the expert's residual branches are alive, and token embeddings N(0, 0.02) (Gemma's
+        # initializer_range).  With torch's N(0, 1) embeddings x sqrt(W) the input token dominates the residual stream
+        # and the tied head echoes the last prompt token forever, even when sampling at temperature 1.
         for m in self.modules():
             if isinstance(m, AdaRMSNorm):
                 w = m.dense.bias.shape[0] // 3
@@ -392,6 +394,7 @@ class Pi05Model(nn.Module):
                 m.dense.weight.mul_(0.5)
             elif isinstance(m, GemmaRMSNorm):
                 m.weight.zero_()
+        self.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight.normal_(0.0, 0.02)
 
     def _rope_cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         # positions [B, T] -> cos, sin [B, T, 1, D]
