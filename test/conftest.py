@@ -35,6 +35,17 @@ os.environ.setdefault("PYTHONUNBUFFERED", "1")
 os.environ.setdefault("RCUTILS_COLORIZED_OUTPUT", "0")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Toy-sized ops are fastest on one thread and do not stall when the CPUs are shared; restored afterwards.
+    Use per module: ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def require_ros():
     """Skip (visibly) unless rclpy and the generated oxygen_ros messages import."""
     pytest.importorskip("rclpy", reason="rclpy (ROS 2) is not installed in this environment")

@@ -6,17 +6,11 @@ import json
 import os
 
 import pytest
-import torch
 
 from oxygen_ros.engine import bench
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_steady_state_schedule_and_ideal():
@@ -32,9 +26,9 @@ def test_steady_state_schedule_and_ideal():
 
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "run"
-    doc = bench.main(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
-                      "--reps", "1", "--sweep", "--sweep-n", "4", "--sweep-k", "2,4", "--sweep-frames", "3",
-                      "--kinds", "subtask,conversation", "--masked-camera", "1", "--out", str(out)])
+    bench.main(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
+              "--reps", "1", "--sweep", "--sweep-n", "4", "--sweep-k", "2,4", "--sweep-frames", "3",
+              "--kinds", "subtask,conversation", "--masked-camera", "1", "--out", str(out)])
     for f in ("results.json", "table.txt", "results.png"):
         assert (out / f).stat().st_size > 0
     with open(out / "results.json") as f:

@@ -20,13 +20,7 @@ from oxygen_ros.model import Observation, Processor, build_model, get_config, lo
 from oxygen_ros.model.pi05 import SamplingParams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Toy-sized ops are fastest on one thread and do not stall when the CPUs are shared; restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_cfg(**kw):

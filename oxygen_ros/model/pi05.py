@@ -575,7 +575,6 @@ class Pi05Model(nn.Module):
         B2, L = tokens.shape
         prefix = prefix.expand(B2)
         token_masks = token_masks.bool()
-        P = prefix.length
         positions = prefix.next_position[:, None] + token_masks.long().cumsum(dim=1) - 1      # [B2, L]
         idx = torch.arange(L, device=tokens.device)
         causal = (idx[None, :] <= idx[:, None])[None] & token_masks[:, None, :] & token_masks[:, :, None]

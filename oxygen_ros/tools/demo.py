@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         print(f"   answer: {text[:80]!r}")
     for _, eid, text in memory[:3]:
         print(f"   memory #{eid}: {text[:80]!r}")
-    print(f"diagnostics  " + ", ".join(f"{k.split(': ')[-1]}={_level(diag, k)}" for k in sorted(diag)))
+    print("diagnostics  " + ", ".join(f"{k.split(': ')[-1]}={_level(diag, k)}" for k in sorted(diag)))
     print(f"node exit    code {rc} after SIGINT in {dt_stop:.2f} s")
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2, default=float))
     print(f"wrote {out / 'demo_summary.json'}")
