@@ -102,32 +102,26 @@ class NormStats:
             return None
         return s.q01, s.q99
 
-    def normalize_state(self, x: np.ndarray) -> np.ndarray:
+    @classmethod
+    def _quantile_map(cls, x: np.ndarray, stats: Stats | None, inverse: bool) -> np.ndarray:
+        """x_hat = (x - q01) / (q99 - q01 + 1e-6) * 2 - 1 over the dims the stats cover (inverse: the other way);
+        dims past the stats pass through; identity without stats."""
         x = np.asarray(x, dtype=np.float64).copy()
-        q = self._quantiles(self.state)
-        if q is None:
-            return x.astype(np.float32)
-        n = min(len(q[0]), x.shape[-1])
-        x[..., :n] = (x[..., :n] - q[0][:n]) / (q[1][:n] - q[0][:n] + 1e-6) * 2.0 - 1.0
+        q = cls._quantiles(stats)
+        if q is not None:
+            n = min(len(q[0]), x.shape[-1])
+            lo, span = q[0][:n], q[1][:n] - q[0][:n] + 1e-6
+            x[..., :n] = (x[..., :n] + 1.0) / 2.0 * span + lo if inverse else (x[..., :n] - lo) / span * 2.0 - 1.0
         return x.astype(np.float32)
 
+    def normalize_state(self, x: np.ndarray) -> np.ndarray:
+        return self._quantile_map(x, self.state, inverse=False)
+
     def unnormalize_actions(self, a: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, dtype=np.float64).copy()
-        q = self._quantiles(self.actions)
-        if q is None:
-            return a.astype(np.float32)
-        n = min(len(q[0]), a.shape[-1])
-        a[..., :n] = (a[..., :n] + 1.0) / 2.0 * (q[1][:n] - q[0][:n] + 1e-6) + q[0][:n]
-        return a.astype(np.float32)
+        return self._quantile_map(a, self.actions, inverse=True)
 
     def normalize_actions(self, a: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, dtype=np.float64).copy()
-        q = self._quantiles(self.actions)
-        if q is None:
-            return a.astype(np.float32)
-        n = min(len(q[0]), a.shape[-1])
-        a[..., :n] = (a[..., :n] - q[0][:n]) / (q[1][:n] - q[0][:n] + 1e-6) * 2.0 - 1.0
-        return a.astype(np.float32)
+        return self._quantile_map(a, self.actions, inverse=False)
 
     @property
     def action_dim(self) -> int | None:
