@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from oxygen_ros.ros import harness
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "oxygen.yaml"
 
@@ -52,69 +54,12 @@ def require_ros():
     pytest.importorskip("oxygen_ros.msg", reason="oxygen_ros messages are not built (run `make` / `pip install .`)")
 
 
-def _fmt_param(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):              # YAML single-quoted: keeps '' and numeric-looking strings strings
-        return "'" + v.replace("'", "''") + "'"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_fmt_param(x) for x in v) + "]"
-    return str(v)
+class NodeProcess(harness.NodeProcess):
+    """The harness's node process with the tests' defaults: ``config/oxygen.yaml``, run from the repository, log
+    appended (a restarted node keeps writing to the same file)."""
 
-
-class NodeProcess:
-    """``python -m oxygen_ros.ros.node --ros-args --params-file config/oxygen.yaml -p k:=v ...`` as a subprocess."""
-
-    def __init__(self, log_path: Path, params: dict | None = None, params_file: Path | None = CONFIG,
-                 namespace: str = "", remaps: dict | None = None, extra_args=()):
-        self.log_path = Path(log_path)
-        cmd = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args"]
-        if params_file is not None:
-            cmd += ["--params-file", str(params_file)]
-        for k, v in (params or {}).items():
-            cmd += ["-p", f"{k}:={_fmt_param(v)}"]
-        if namespace:
-            cmd += ["-r", f"__ns:={namespace}"]
-        for a, b in (remaps or {}).items():
-            cmd += ["-r", f"{a}:={b}"]
-        cmd += list(extra_args)
-        self.cmd = cmd
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.started = time.monotonic()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        self._log.flush()
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> tuple[int | None, float]:
-        """Send ``sig``; return (exit code or None if it had to be killed, seconds to exit)."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode, 0.0
-        t = time.monotonic()
-        self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-            rc = None
-        self._log.close()
-        return rc, time.monotonic() - t
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.alive():
-            self.stop(timeout=5.0)
+    def __init__(self, log_path: Path, params: dict | None = None, **kw):
+        super().__init__(log_path, params, CONFIG, append=True, cwd=str(REPO), **kw)
 
 
 def start_replay(bag, log_path: Path, *extra) -> subprocess.Popen:

@@ -68,52 +68,80 @@ def default_params_file() -> Path:
 
 
 def _fmt(v) -> str:
+    """A parameter value for ``-p name:=value`` (YAML): strings single-quoted so '' and numeric-looking strings stay
+    strings; lists in flow style."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
         return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
     return str(v)
 
 
 class NodeProcess:
-    def __init__(self, log_path, params: dict, params_file=None):
+    """``python -m oxygen_ros.ros.node --ros-args --params-file <params_file> -p k:=v ...`` as a child process in its
+    own session, logging to ``log_path`` (truncated, or appended with ``append=True`` so restarts share one log)."""
+
+    def __init__(self, log_path, params: dict | None = None, params_file=None, *, namespace: str = "",
+                 remaps: dict | None = None, extra_args=(), append: bool = False, cwd=None):
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", "--params-file",
                str(params_file or default_params_file())]
-        for k, v in params.items():
+        for k, v in (params or {}).items():
             cmd += ["-p", f"{k}:={_fmt(v)}"]
+        if namespace:
+            cmd += ["-r", f"__ns:={namespace}"]
+        for a, b in (remaps or {}).items():
+            cmd += ["-r", f"{a}:={b}"]
+        self.cmd = cmd + list(extra_args)
         env = dict(os.environ)
         root = Path(__file__).resolve().parents[2]
         if (root / "setup.py").is_file() and (root / "oxygen_ros").is_dir():   # running from a source checkout
             env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                                               if p])
+                                                               if p and p != str(root)])
         env.setdefault("PYTHONUNBUFFERED", "1")
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        self._log = open(self.log_path, "ab" if append else "wb")
+        self.proc = subprocess.Popen(self.cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        self.started = time.monotonic()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def tail(self, n: int = 20) -> str:
+    def log(self) -> str:
         self._log.flush()
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 10.0) -> tuple[int | None, float]:
+    def tail(self, n: int = 20) -> str:
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 10.0) -> tuple[int | None, float]:
+        """Send ``sig``; return (exit code, or None if it had to be killed; seconds to exit)."""
+        if self.proc.poll() is not None:
+            self._log.close()
+            return self.proc.returncode, 0.0
         t = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+            rc = None
         self._log.close()
-        return self.proc.returncode, time.monotonic() - t
+        return rc, time.monotonic() - t
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.alive():
+            self.stop(timeout=5.0)
 
 
 class Monitor:
