@@ -23,15 +23,17 @@ from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.engine.requests import ActionResult, RequestResult, TokenEvent  # noqa: E402
 from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry  # noqa: E402
+from oxygen_ros.ros.engine_factory import BuiltEngine  # noqa: E402
 from oxygen_ros.ros.images import rgb_to_image  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
 
 
-class StubEngine:
-    info = "stub engine"
+def stub_factory(settings, **callbacks):
+    return BuiltEngine(StubEngine(), "stub engine", action_dims=3, horizon=4, state_dim_max=6)
 
-    def __init__(self, node):
-        node._action_dims, node._horizon, node._state_dim_max = 3, 4, 6
+
+class StubEngine:
+    def __init__(self):
         self.submitted = []
 
     def submit(self, kind, prompt="", max_new_tokens=None):
@@ -49,7 +51,7 @@ class StubEngine:
 def node(ros, tmp_path_factory):
     from rclpy.parameter import Parameter
     db = tmp_path_factory.mktemp("cb") / "mem.db"
-    n = OxygenNode(engine_factory=StubEngine, parameter_overrides=[
+    n = OxygenNode(engine_factory=stub_factory, parameter_overrides=[
         Parameter("memory_db", value=str(db)), Parameter("prompt_queue_size", value=3),
         Parameter("max_prompt_chars", value=10), Parameter("state_joint_names", value=["a", "b", "c"]),
         Parameter("action_joint_names", value=["x", "y", "z"]), Parameter("camera_topics", value=["cam0", "", ""])])
@@ -77,15 +79,15 @@ def test_token_stream_both_orders_and_rejection(ros, node):
     time.sleep(0.5)
     # order 1: tokens, final token, then on_finished
     for i, t in enumerate(["he", "ll"]):
-        node._on_token(_tok(1, "conversation", i, t))
-    node._on_token(_tok(1, "conversation", 2, "o", final=True))
-    node._on_finished(_res(1, "conversation", "hello", "eos", 3))
+        node.pipeline._on_token(_tok(1, "conversation", i, t))
+    node.pipeline._on_token(_tok(1, "conversation", 2, "o", final=True))
+    node.pipeline._on_finished(_res(1, "conversation", "hello", "eos", 3))
     # order 2: on_finished before the final token
-    node._on_token(_tok(2, "conversation", 0, "a"))
-    node._on_finished(_res(2, "conversation", "ab", "length", 2))
-    node._on_token(_tok(2, "conversation", 1, "b", final=True))
+    node.pipeline._on_token(_tok(2, "conversation", 0, "a"))
+    node.pipeline._on_finished(_res(2, "conversation", "ab", "length", 2))
+    node.pipeline._on_token(_tok(2, "conversation", 1, "b", final=True))
     # rejected before any token
-    node._on_finished(_res(3, "conversation", "", "rejected"))
+    node.pipeline._on_finished(_res(3, "conversation", "", "rejected"))
     assert ros.wait_for(lambda: len(toks) >= 6 and len(resp) >= 2, 5)
     time.sleep(0.2)
     by = {}
@@ -102,12 +104,12 @@ def test_token_stream_both_orders_and_rejection(ros, node):
 def test_memory_entries_are_stored_with_continuing_ids(ros, node):
     mem = ros.collect(MemoryEntry, "memory/entries", qos=100)
     time.sleep(0.5)
-    node._on_actions(ActionResult(9, 1, 1700000000.25, np.zeros((4, 3), np.float32), 5.0))
+    node.pipeline._on_actions(ActionResult(9, 1, 1700000000.25, np.zeros((4, 3), np.float32), 5.0))
     for rid in (10, 11):
-        node._on_token(_tok(rid, "memory", 0, "a red ", fi=9))
-        node._on_token(_tok(rid, "memory", 1, "block", final=True, fi=9))
-        node._on_finished(_res(rid, "memory", "a red block", "eos", 2, prompt="describe", fi=9))
-    node._on_finished(_res(12, "memory", "", "error", fi=9))     # failed: no entry
+        node.pipeline._on_token(_tok(rid, "memory", 0, "a red ", fi=9))
+        node.pipeline._on_token(_tok(rid, "memory", 1, "block", final=True, fi=9))
+        node.pipeline._on_finished(_res(rid, "memory", "a red block", "eos", 2, prompt="describe", fi=9))
+    node.pipeline._on_finished(_res(12, "memory", "", "error", fi=9))     # failed: no entry
     assert ros.wait_for(lambda: len(mem) >= 2, 5)
     time.sleep(0.2)
     assert len(mem) == 2
@@ -121,8 +123,8 @@ def test_memory_entries_are_stored_with_continuing_ids(ros, node):
 
 def test_invalid_chunk_is_dropped(node):
     before = node.counters.get("chunk_invalid")
-    node._on_actions(ActionResult(1, 99, time.time(), np.full((4, 3), np.nan, np.float32), 1.0))
-    node._on_actions(ActionResult(1, 100, time.time(), np.zeros(5, np.float32), 1.0))
+    node.pipeline._on_actions(ActionResult(1, 99, time.time(), np.full((4, 3), np.nan, np.float32), 1.0))
+    node.pipeline._on_actions(ActionResult(1, 100, time.time(), np.zeros(5, np.float32), 1.0))
     assert node.counters.get("chunk_invalid") == before + 2
 
 
@@ -130,7 +132,7 @@ def test_control_tick_publishes_named_remainder(ros, node):
     chunks = ros.collect(ActionChunk, "action_chunk", qos=100)
     time.sleep(0.5)
     stamp = time.time()
-    node._on_actions(ActionResult(5, 200, stamp, np.arange(12, dtype=np.float32).reshape(4, 3), 3.0))
+    node.pipeline._on_actions(ActionResult(5, 200, stamp, np.arange(12, dtype=np.float32).reshape(4, 3), 3.0))
     assert ros.wait_for(lambda: any(m.chunk_id == 200 for _, m in chunks), 5)
     m = next(m for _, m in chunks if m.chunk_id == 200)
     assert list(m.joint_names) == ["x", "y", "z"] and m.action_dim == 3 and m.horizon <= 4
@@ -145,26 +147,26 @@ def test_control_tick_publishes_named_remainder(ros, node):
 ])
 def test_joint_state_rejections(node, msg, reason):
     before = node.counters.get(f"rejected.{reason}")
-    node._on_joint_state(msg)
+    node.pipeline.inputs.on_joint_state(msg, 0)
     assert node.counters.get(f"rejected.{reason}") == before + 1
 
 
 def test_joint_state_reordered_by_name(node):
-    node._on_joint_state(JointState(name=["c", "x", "a", "b"], position=[3.0, 9.0, 1.0, 2.0]))
-    np.testing.assert_array_equal(node._joint[0], np.array([1.0, 2.0, 3.0], np.float32))
+    node.pipeline.inputs.on_joint_state(JointState(name=["c", "x", "a", "b"], position=[3.0, 9.0, 1.0, 2.0]), 0)
+    np.testing.assert_array_equal(node.pipeline.inputs.take().joint.position, np.array([1.0, 2.0, 3.0], np.float32))
 
 
 def test_image_rejections_and_prompt_limits(node):
     bad = rgb_to_image(np.zeros((4, 4, 3), np.uint8))
     bad.encoding = "jpeg"
-    node._on_image(0, bad)
+    node.pipeline.inputs.on_image(0, bad, 0)
     assert node.counters.get("rejected.image_encoding") >= 1
-    node._on_prompt(String(data="x" * 50))
+    node.pipeline.inputs.on_prompt("x" * 50, 0)
     assert node.counters.get("prompt_truncated") >= 1
     before = node.counters.get("prompt_dropped")
     for i in range(6):
-        node._on_prompt(String(data=f"q{i}"))
+        node.pipeline.inputs.on_prompt(f"q{i}", 0)
     assert node.counters.get("prompt_dropped") >= before + 3
-    assert len(node._prompts) == 3
-    node._on_prompt(String(data="   "))
+    assert node.pipeline.inputs.queued_prompts() == 3
+    node.pipeline.inputs.on_prompt("   ", 0)
     assert node.counters.get("rejected.prompt_empty") == 1

@@ -34,6 +34,8 @@ class ControlSample:
     blended: bool              # rows come from a cross-fade of the previous remainder into this chunk
     held: bool                 # chunk used up; ``actions`` repeats the last action (stale_behavior="hold")
     index: int                 # row of the (effective) chunk that ``actions[0]`` is
+    capture_ns: int = 0        # the observation's exact capture time in ns, as given to ``push``
+    frame_id: str = ""         # the observation's camera frame id, as given to ``push``
 
 
 @dataclass
@@ -45,6 +47,8 @@ class _Chunk:
     ready_time: float
     origin: float
     latency_ms: float
+    capture_ns: int = 0
+    frame_id: str = ""
     blend_end: int = 0         # rows [.., blend_end) of this chunk are cross-faded with the previous remainder
 
 
@@ -78,13 +82,14 @@ class ChunkBuffer:
 
     # -- API ----------------------------------------------------------------------------------------------------
     def push(self, actions, *, chunk_id: int, frame_index: int, capture_time: float, ready_time: float,
-             latency_ms: float = 0.0) -> None:
+             latency_ms: float = 0.0, capture_ns: int | None = None, frame_id: str = "") -> None:
         a = np.asarray(actions, dtype=np.float32)
         if a.ndim != 2 or a.shape[0] == 0:
             raise ValueError(f"actions must be [H, A] with H > 0, got {a.shape}")
         origin = ready_time if self.time_origin == "arrival" else capture_time
         new = _Chunk(a.copy(), int(chunk_id), int(frame_index), float(capture_time), float(ready_time),
-                     float(origin), float(latency_ms))
+                     float(origin), float(latency_ms),
+                     int(round(capture_time * 1e9)) if capture_ns is None else int(capture_ns), str(frame_id))
         with self._lock:
             self.chunks_pushed += 1
             old = self._chunk
@@ -112,14 +117,14 @@ class ChunkBuffer:
                 rows = ch.actions[k:]
                 self._last_action = rows[0].copy()
                 s = ControlSample(rows.copy(), ch.chunk_id, ch.frame_index, ch.capture_time, ch.latency_ms,
-                                  k < ch.blend_end, False, k)
+                                  k < ch.blend_end, False, k, ch.capture_ns, ch.frame_id)
                 self._last_sample = s
                 return s
             if self.stale_behavior == "stop":
                 return None
             last = self._last_action if self._last_action is not None else ch.actions[-1]
             return ControlSample(last[None, :].copy(), ch.chunk_id, ch.frame_index, ch.capture_time,
-                                 ch.latency_ms, False, True, len(ch.actions))
+                                 ch.latency_ms, False, True, len(ch.actions), ch.capture_ns, ch.frame_id)
 
     def observation_age(self, now: float) -> float | None:
         """Age of the newest chunk's observation at ``now`` (None before the first chunk)."""

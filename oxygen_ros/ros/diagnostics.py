@@ -1,7 +1,8 @@
 """Diagnostics for ``/diagnostics``: node counters + engine metrics -> levelled statuses.
 
 This file owns what the node reports and when it is OK/WARN/ERROR.  ``RateMeter`` counts events in a sliding
-window (Hz); ``Counters`` is a thread-safe bag of named counters (rejected inputs by reason, cycle errors, ...).
+window (Hz); ``Counters`` is a thread-safe bag of named counters (rejected inputs by reason, cycle errors, ...);
+``Reporter`` counts an event and logs it, throttled per reason (concurrent faults never hide each other).
 ``build_statuses(snapshot)`` is a pure function from a flat dict the node assembles each period to a list of
 ``Status(name, level, message, values)``; ``to_msg`` turns them into a ``diagnostic_msgs/DiagnosticArray`` (the only
 ROS import, done lazily).  Status names are ``oxygen_node: control``, ``: inference``, ``: language``, ``: inputs``;
@@ -19,8 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["OK", "WARN", "ERROR", "STALE", "RateMeter", "Counters", "Status", "build_statuses", "to_msg",
-           "HARDWARE_ID"]
+__all__ = ["OK", "WARN", "ERROR", "STALE", "RateMeter", "Counters", "Reporter", "Status", "build_statuses",
+           "to_msg", "HARDWARE_ID"]
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 HARDWARE_ID = "oxygen_ros"
@@ -80,6 +81,51 @@ class Counters:
             d = {k: v - self._prev.get(k, 0) for k, v in self._c.items()}
             self._prev = dict(self._c)
             return d
+
+
+class Reporter:
+    """Counts events in ``Counters`` and logs them through any logger with ``info``/``warning``/``error`` methods
+    (an rclpy logger or a ``logging.Logger``), at most once per ``period_s`` **per key**: two faults that happen at
+    the same time are both logged.  Suppressed repeats are counted and reported with the next line of that key."""
+
+    def __init__(self, counters: Counters, logger, period_s: float = 2.0, clock=time.monotonic):
+        self.counters, self.logger, self.period_s, self._clock = counters, logger, float(period_s), clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = collections.defaultdict(int)
+        self._lock = threading.Lock()
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters.inc(key, n)
+
+    def log(self, key: str, text: str, level: str = "warning", period_s: float | None = None) -> bool:
+        """Log ``text`` unless ``key`` was logged less than ``period_s`` ago; returns whether it was logged."""
+        now = self._clock()
+        period = self.period_s if period_s is None else period_s
+        with self._lock:
+            if now - self._last.get(key, -1e18) < period:
+                self._suppressed[key] += 1
+                return False
+            self._last[key] = now
+            n = self._suppressed.pop(key, 0)
+        if n:
+            text += f" (+{n} more since the last report)"
+        # one call site per severity: rclpy loggers refuse a severity change at the same call site
+        if level == "error":
+            self.logger.error(text)
+        elif level == "info":
+            self.logger.info(text)
+        else:
+            self.logger.warning(text)
+        return True
+
+    def event(self, key: str, text: str, level: str = "warning", period_s: float | None = None) -> None:
+        """Count ``key`` once and log ``text`` (throttled per key)."""
+        self.counters.inc(key)
+        self.log(key, text, level, period_s)
+
+    def reject(self, reason: str, text: str) -> None:
+        """A rejected input: counted as ``rejected.<reason>``, logged per reason."""
+        self.event(f"rejected.{reason}", f"rejected input ({reason}): {text}")
 
 
 @dataclass

@@ -1,0 +1,196 @@
+"""What the node has received: the newest frame of each camera slot, the newest joint state, the instruction and the
+bounded queue of conversation prompts.
+
+This file owns input validation and the "latest value" semantics, without rclpy: the ROS callbacks (and
+``oxygen bag-eval``, with bag time as the clock) hand it messages (duck-typed ``sensor_msgs/Image``,
+``sensor_msgs/JointState``, plain strings) together with the current time in ns; the inference thread takes one
+consistent ``CycleInputs`` per cycle.  A bad input is rejected with a reason (``Reporter.reject``: counted as
+``rejected.<reason>``, logged per reason) and never replaces the previous good value.  Thread-safe: callbacks and the
+inference thread may run concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the
+primary (first configured) camera arrives.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .diagnostics import Reporter
+from .images import ImageError, validate_image
+from .parameters import Settings
+
+__all__ = ["Frame", "JointSample", "Prompt", "CycleInputs", "InputState", "stamp_ns"]
+
+
+def stamp_ns(stamp) -> int:
+    """builtin_interfaces/Time (rclpy or rosbags) -> integer ns."""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+@dataclass(frozen=True)
+class Frame:
+    msg: object                  # the sensor_msgs/Image as received (converted to RGB only when a cycle uses it)
+    capture_ns: int              # header.stamp (stamp_source: header) or receive time
+    recv_ns: int
+
+
+@dataclass(frozen=True)
+class JointSample:
+    position: np.ndarray         # [n] float32, ordered by state_joint_names
+    recv_ns: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    recv_ns: int
+
+
+@dataclass
+class CycleInputs:
+    """One consistent view of the inputs, taken by the inference thread at the start of a cycle."""
+    frames: list                 # per slot: Frame | None
+    joint: JointSample | None
+    instruction: str
+    prompts: list = field(default_factory=list)     # conversation prompts taken from the queue (<= 4 per cycle)
+    primary_seq: int = 0
+
+
+class InputState:
+    def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None):
+        self.settings = settings
+        self.report = report
+        self.state_dim_max = state_dim_max
+        self.primary_slot = settings.primary_slot
+        self._state_names = settings.state_names
+        self._state_index = {n: i for i, n in enumerate(self._state_names)}
+        self._cond = threading.Condition()
+        self._frames: list = [None, None, None]
+        self._primary_seq = 0
+        self._joint: JointSample | None = None
+        self._instruction = ""
+        self._prompts: collections.deque = collections.deque()
+
+    # ---------------------------------------------------------------------------------------------- callbacks
+    def on_image(self, slot: int, msg, now_ns: int) -> bool:
+        """Store the newest frame of ``slot`` if its header is consistent with its data; returns whether stored."""
+        self.report.count("frames_received")
+        try:
+            validate_image(msg)
+        except ImageError as exc:
+            self.report.reject(f"image_{exc.reason}", f"{self.settings.slot_topics[slot]}: {exc}")
+            return False
+        cap = stamp_ns(msg.header.stamp) if self.settings.stamp_source == "header" else 0
+        with self._cond:
+            self._frames[slot] = Frame(msg, cap or now_ns, now_ns)
+            if slot == self.primary_slot:
+                self._primary_seq += 1
+                self._cond.notify_all()
+        return True
+
+    def on_joint_state(self, msg, now_ns: int) -> bool:
+        self.report.count("joint_states_received")
+        pos = np.asarray(msg.position, dtype=np.float64)
+        names = list(msg.name)
+        if self._state_names:
+            if len(names) != len(pos):
+                self.report.reject("joint_size", f"{len(names)} names but {len(pos)} positions")
+                return False
+            idx = {n: i for i, n in enumerate(names)}
+            missing = [n for n in self._state_names if n not in idx]
+            if missing:
+                unknown = [n for n in names if n not in self._state_index]
+                self.report.reject("joint_names", f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}"
+                                                  f"{f'; unknown {unknown[:4]}' if unknown else ''}")
+                return False
+            vec = pos[[idx[n] for n in self._state_names]]
+        else:
+            if len(pos) == 0:
+                self.report.reject("joint_size", "empty position vector")
+                return False
+            vec = pos
+        if self.state_dim_max and len(vec) > self.state_dim_max:
+            self.report.reject("joint_size", f"{len(vec)} joint positions, more than the model's state size "
+                                             f"{self.state_dim_max} (set state_joint_names)")
+            return False
+        if not np.all(np.isfinite(vec)):
+            self.report.reject("joint_nonfinite", "NaN/inf in joint positions")
+            return False
+        with self._cond:
+            self._joint = JointSample(vec.astype(np.float32), now_ns)
+        return True
+
+    def _clip(self, text: str, what: str) -> str | None:
+        text = text.strip()
+        if not text:
+            self.report.reject(f"{what}_empty", f"empty {what}")
+            return None
+        limit = int(self.settings.max_prompt_chars)
+        if len(text) > limit:
+            self.report.event("prompt_truncated", f"{what} of {len(text)} characters truncated to {limit}")
+            text = text[:limit]
+        return text
+
+    def on_instruction(self, text: str) -> str | None:
+        """The manipulation task; returns the new instruction when it changed (for a log line), else None."""
+        self.report.count("instructions_received")
+        text = self._clip(text, "instruction")
+        if text is None:
+            return None
+        with self._cond:
+            changed = text != self._instruction
+            self._instruction = text
+        return text if changed else None
+
+    def on_prompt(self, text: str, now_ns: int) -> bool:
+        """Queue a conversation prompt (the oldest is dropped when the queue is full); returns whether queued."""
+        self.report.count("prompts_received")
+        text = self._clip(text, "prompt")
+        if text is None:
+            return False
+        with self._cond:
+            self._prompts.append(Prompt(text, now_ns))
+            while len(self._prompts) > int(self.settings.prompt_queue_size):
+                self._prompts.popleft()
+                self.report.event("prompt_dropped", "conversation prompt queue full: oldest prompt dropped")
+        return True
+
+    # ---------------------------------------------------------------------------------------------- inference side
+    @property
+    def primary_seq(self) -> int:
+        with self._cond:
+            return self._primary_seq
+
+    def wait_primary(self, seen_seq: int, timeout: float, stop=lambda: False) -> bool:
+        """Block until a primary frame newer than ``seen_seq`` arrived (True) or ``timeout``/``stop()`` (False)."""
+        with self._cond:
+            self._cond.wait_for(lambda: stop() or self._primary_seq != seen_seq, timeout=timeout)
+            return self._primary_seq != seen_seq and not stop()
+
+    def wake(self) -> None:
+        """Wake ``wait_primary`` (e.g. on shutdown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take(self, max_prompts: int = 4) -> CycleInputs:
+        """The newest frames, joint state and instruction, and up to ``max_prompts`` queued prompts (removed)."""
+        with self._cond:
+            prompts = [self._prompts.popleft() for _ in range(min(max_prompts, len(self._prompts)))]
+            return CycleInputs(list(self._frames), self._joint,
+                               self._instruction or self.settings.default_instruction, prompts, self._primary_seq)
+
+    def newest_primary(self) -> Frame | None:
+        with self._cond:
+            return self._frames[self.primary_slot]
+
+    def queued_prompts(self) -> int:
+        with self._cond:
+            return len(self._prompts)
+
+    def clear(self) -> None:
+        with self._cond:
+            self._frames = [None, None, None]
+            self._joint = None
+            self._prompts.clear()

@@ -1,0 +1,67 @@
+"""The node's output messages, built from the pipeline's plain records: one function per message type.
+
+This file owns how a ``ControlSample`` becomes an ``oxygen_ros/ActionChunk`` and how ``TokenOut`` / ``MemoryOut``
+become ``LanguageToken`` / ``MemoryEntry`` — used by the live node and by the offline tools that write the same
+messages into bags, so both produce identical messages for identical records.
+"""
+from __future__ import annotations
+
+import numpy as np
+from builtin_interfaces.msg import Time as TimeMsg
+
+from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry
+
+from .control import ControlSample
+from .language import MemoryOut, TokenOut
+
+__all__ = ["time_msg", "action_chunk", "language_token", "memory_entry"]
+
+
+def time_msg(ns: int) -> TimeMsg:
+    return TimeMsg(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
+
+
+def action_chunk(s: ControlSample, *, now_ns: int, step_dt: float, joint_names: list[str]) -> ActionChunk:
+    """The remainder ``s.actions`` as published at control tick ``now_ns`` (row 0 = this tick)."""
+    m = ActionChunk()
+    m.header.stamp = time_msg(s.capture_ns)
+    m.header.frame_id = s.frame_id
+    m.frame_index = int(s.frame_index)
+    m.chunk_id = int(s.chunk_id)
+    m.start_time = time_msg(now_ns)
+    m.step_dt = float(step_dt)
+    m.horizon = int(s.actions.shape[0])
+    m.action_dim = int(s.actions.shape[1])
+    m.joint_names = list(joint_names) if len(joint_names) == s.actions.shape[1] else []
+    m.actions = s.actions.reshape(-1).astype(np.float32).tolist()
+    m.inference_latency_ms = float(s.latency_ms)
+    m.observation_age_s = float((now_ns - s.capture_ns) / 1e9)
+    m.blended = bool(s.blended)
+    return m
+
+
+def language_token(t: TokenOut) -> LanguageToken:
+    m = LanguageToken()
+    m.header.stamp = time_msg(t.stamp_ns)
+    m.request_id = int(t.request_id)
+    m.task = t.kind
+    m.frame_index = max(0, int(t.frame_index))
+    m.index = int(t.index)
+    m.token_id = int(t.token_id)
+    m.text = t.text
+    m.is_final = bool(t.is_final)
+    m.finish_reason = t.finish_reason
+    return m
+
+
+def memory_entry(e: MemoryOut) -> MemoryEntry:
+    m = MemoryEntry()
+    m.header.stamp = time_msg(e.stamp_ns)
+    m.header.frame_id = e.frame_id
+    m.entry_id = int(e.entry_id)
+    m.frame_index = int(e.frame_index)
+    m.text = e.text
+    m.source_prompt = e.source_prompt
+    m.request_id = int(e.request_id)
+    m.num_tokens = int(e.num_tokens)
+    return m

@@ -1,0 +1,217 @@
+"""The node's parameters: one table (name, type, default, description, range or choices), and ``Settings``, a
+validated, typed snapshot of their values.
+
+This file owns what can be configured and how a value is checked.  The lifecycle node declares every entry of
+``PARAMETERS`` with a ``ParameterDescriptor`` (``descriptor``) and reads a ``Settings`` at *configure*; the offline
+tools (``oxygen bag-eval``) build the same ``Settings`` from a ROS parameter YAML plus ``name:=value`` overrides
+(``load_params_file``, ``parse_overrides``), so both run with identical values and the same validation.  No rclpy at
+import time (``descriptor`` imports the ROS message types lazily).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import yaml
+
+__all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
+           "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "SLOT_NAMES"]
+
+# rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
+BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
+SLOT_NAMES = ("base", "left_wrist", "right_wrist")
+
+# name: (type, default, description, range (lo, hi) or choices tuple or None)
+PARAMETERS: dict[str, tuple] = {
+    "autostart": (BOOL, True, "Run configure + activate at start (false: wait for a lifecycle manager).", None),
+    "checkpoint": (STRING, "", "pi0.5 checkpoint directory (openpi/LeRobot safetensors + norm stats); "
+                               "empty = random weights of `preset`.", None),
+    "preset": (STRING, "tiny", "Model architecture when no checkpoint is given.", ("tiny", "bench-cpu", "pi05")),
+    "device": (STRING, "cpu", "Torch device: cpu, cuda, cuda:N or auto.", None),
+    "torch_threads": (INT, 1, "Torch intra-op CPU threads; 0 = torch's default (all cores). 1 keeps the control "
+                              "thread responsive and avoids OpenMP oversubscription on shared CPUs.", (0, 1024)),
+    "dtype": (STRING, "", "Weights/compute dtype; empty = the preset's or checkpoint's.",
+              ("", "float32", "bfloat16", "float16")),
+    "prefix_attention": (STRING, "", "Prefix attention; empty = model default.", ("", "image_isolated", "upstream")),
+    "horizon": (INT, 0, "Action horizon H (rows per chunk); 0 = the model's.", (0, 1000)),
+    "denoise_steps": (INT, 0, "Flow-matching Euler steps; 0 = the model's.", (0, 100)),
+    "seed": (INT, 0, "Seed for random weights and action noise.", (0, 2**31 - 1)),
+    "engine_mode": (STRING, "oxygen", "Engine scheduling mode.", ("oxygen", "shared", "isolated")),
+    "decode_k": (INT, 5, "Language tokens per request per cycle (oxygen mode).", (1, 256)),
+    "adaptive_k": (BOOL, False, "Deadline-aware k from the frame period (needs frame_rate_hz > 0).", None),
+    "max_new_tokens": (INT, 32, "Max generated tokens per language request.", (1, 4096)),
+    "temperature": (DOUBLE, 0.0, "Language sampling temperature; 0 = greedy.", (0.0, 10.0)),
+    "top_p": (DOUBLE, 1.0, "Nucleus sampling threshold (with temperature > 0).", (0.0, 1.0)),
+    "kv_budget_mb": (DOUBLE, 0.0, "KV pool size in MiB; 0 = the engine's default.", (0.0, 1.0e6)),
+    "max_wait_cycles": (INT, 0, "Reject a language request that waited this many cycles for KV/batch capacity; "
+                                "0 = wait (the engine's bounded queue drops the oldest).", (0, 1_000_000)),
+    "control_rate_hz": (DOUBLE, 70.0, "action_chunk publication rate.", (1.0, 1000.0)),
+    "frame_rate_hz": (DOUBLE, 15.0, "Max inference cycles per second; 0 = one per new frame.", (0.0, 1000.0)),
+    "max_observation_age_s": (DOUBLE, 0.5, "Frames older than this are not used; no new chunks, diagnostics ERROR.",
+                              (0.001, 1.0e6)),
+    "stale_behavior": (STRING, "stop", "When the newest chunk is used up: stop publishing, or hold the last action.",
+                       ("stop", "hold")),
+    "chunk_time_origin": (STRING, "arrival", "Row 0 of a chunk is for the first tick after it is ready (arrival) or "
+                                             "for the observation's capture time (capture).", ("arrival", "capture")),
+    "blend_steps": (INT, 0, "Rows cross-faded from the previous chunk's remainder into a new chunk.", (0, 1000)),
+    "stamp_source": (STRING, "header", "Observation capture time: header.stamp, or arrival time.",
+                     ("header", "receive")),
+    "camera_topics": (STRING_ARRAY, ["camera/base/image_raw", "camera/left_wrist/image_raw",
+                                     "camera/right_wrist/image_raw"],
+                      "Camera topics for the model's slots (base, left wrist, right wrist); '' = empty slot.", None),
+    "camera_qos": (STRING, "sensor_data", "Camera subscription QoS.", ("sensor_data", "reliable")),
+    "state_joint_names": (STRING_ARRAY, [""], "Order of the state vector taken from joint_states; [''] = message "
+                                              "order.", None),
+    "action_joint_names": (STRING_ARRAY, [""], "Names of the published action columns (sets their number); "
+                                               "[''] = all model action dimensions, unnamed.", None),
+    "default_instruction": (STRING, "", "Task prompt used until the first `instruction` message.", None),
+    "max_prompt_chars": (INT, 1000, "Longer prompts/instructions are truncated (counted).", (1, 1_000_000)),
+    "prompt_queue_size": (INT, 32, "Conversation prompts waiting for the engine; oldest dropped when full.",
+                          (1, 100_000)),
+    "memory_interval_s": (DOUBLE, 5.0, "One memory (scene description) request every N seconds; 0 = off.",
+                          (0.0, 1.0e6)),
+    "memory_prompt": (STRING, "Describe the scene in one sentence.", "Prompt of memory requests.", None),
+    "memory_db": (STRING, "~/.ros/oxygen_ros/memory.db", "SQLite file for memory entries; '' = not stored.", None),
+    "subtask_enabled": (BOOL, False, "Also run subtask-prediction requests on the current instruction.", None),
+    "subtask_interval_s": (DOUBLE, 1.0, "Seconds between subtask requests.", (0.05, 1.0e6)),
+    "diagnostics_period_s": (DOUBLE, 1.0, "Period of /diagnostics.", (0.05, 3600.0)),
+    "debug_fault_injection": (BOOL, False, "Tests only: enable the ~/inject_fault topic.", None),
+}
+
+_PY_TYPES = {BOOL: bool, INT: int, DOUBLE: float, STRING: str, STRING_ARRAY: list}
+
+
+class ConfigureError(RuntimeError):
+    """A parameter combination the node cannot run with (the message says which and why)."""
+
+
+def descriptor(name: str, spec: tuple | None = None):
+    """The rcl_interfaces ParameterDescriptor of a parameter (description, range or choices)."""
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor  # noqa: PLC0415
+
+    typ, _default, text, rng = spec or PARAMETERS[name]
+    d = ParameterDescriptor(name=name, type=typ, description=text)
+    if isinstance(rng, tuple) and rng and isinstance(rng[0], str):
+        d.additional_constraints = "one of: " + ", ".join(repr(c) for c in rng)
+    elif rng is not None and typ == DOUBLE:
+        d.floating_point_range = [FloatingPointRange(from_value=float(rng[0]), to_value=float(rng[1]), step=0.0)]
+    elif rng is not None and typ == INT:
+        d.integer_range = [IntegerRange(from_value=int(rng[0]), to_value=int(rng[1]), step=1)]
+    return d
+
+
+def check_value(name: str, value) -> str | None:
+    """Why ``value`` is not acceptable for ``name`` (type, choices, range), or None."""
+    spec = PARAMETERS.get(name)
+    if spec is None:
+        return f"unknown parameter {name!r}"
+    typ, _default, _text, rng = spec
+    want = _PY_TYPES[typ]
+    if typ == DOUBLE and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, want) or (typ == INT and isinstance(value, bool)):
+        return f"{name} must be a {want.__name__}, got {type(value).__name__} {value!r}"
+    if isinstance(rng, tuple) and rng and isinstance(rng[0], str):
+        if value not in rng:
+            return f"{name} must be one of {list(rng)}, got {value!r}"
+    elif rng is not None and not (rng[0] <= value <= rng[1]):
+        return f"{name} must be in [{rng[0]}, {rng[1]}], got {value!r}"
+    if name == "camera_topics" and len(value) > 3:
+        return f"camera_topics has {len(value)} entries; the model has 3 camera slots"
+    return None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every parameter's value (attribute access: ``settings.control_rate_hz``), validated, plus derived views."""
+    values: dict
+
+    @staticmethod
+    def from_values(values: dict | None = None) -> "Settings":
+        """Defaults overridden by ``values`` (None entries = default); raises ConfigureError on a bad value or an
+        inconsistent combination."""
+        out = {}
+        for name, spec in PARAMETERS.items():
+            v = (values or {}).get(name)
+            if v is None:
+                v = spec[1]
+            if spec[0] == DOUBLE and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if spec[0] == STRING_ARRAY:
+                v = [str(x) for x in v]
+            why = check_value(name, v)
+            if why:
+                raise ConfigureError(f"parameter {why}")
+            out[name] = v
+        unknown = set(values or {}) - set(PARAMETERS) - {"use_sim_time"}
+        if unknown:
+            raise ConfigureError(f"unknown parameter(s): {sorted(unknown)}")
+        s = Settings(out)
+        s._check_combination()
+        return s
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def replace(self, **kw) -> "Settings":
+        return Settings.from_values({**self.values, **kw})
+
+    # ---- derived --------------------------------------------------------------------------------------------------
+    @property
+    def slot_topics(self) -> list[str]:
+        """The three camera slots' topics ('' = masked slot)."""
+        return (list(self.camera_topics) + ["", "", ""])[:3]
+
+    @property
+    def primary_slot(self) -> int:
+        """The first non-empty slot: its frames trigger inference (normally the base camera)."""
+        return next(i for i, t in enumerate(self.slot_topics) if t)
+
+    @staticmethod
+    def _names(v: list) -> list[str]:
+        return [] if all(x == "" for x in v) else list(v)
+
+    @property
+    def state_names(self) -> list[str]:
+        return self._names(self.state_joint_names)
+
+    @property
+    def action_names(self) -> list[str]:
+        return self._names(self.action_joint_names)
+
+    def _check_combination(self) -> None:
+        if not any(self.slot_topics):
+            raise ConfigureError("camera_topics has no non-empty entry; at least one camera is needed")
+        if self.adaptive_k and self.frame_rate_hz <= 0:
+            raise ConfigureError("adaptive_k needs frame_rate_hz > 0 (the cycle deadline)")
+        if len(set(self.state_names)) != len(self.state_names):
+            raise ConfigureError("state_joint_names has duplicates")
+        if len(set(self.action_names)) != len(self.action_names):
+            raise ConfigureError("action_joint_names has duplicates")
+
+
+def load_params_file(path: str | os.PathLike, node_name: str = "oxygen_node") -> dict:
+    """The ``ros__parameters`` of a ROS 2 parameter YAML that apply to ``node_name`` (``/**`` first, then the node's
+    own section, as ROS applies them)."""
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    out: dict = {}
+    for key in ("/**", node_name, "/" + node_name):
+        sec = doc.get(key)
+        if isinstance(sec, dict):
+            out.update(sec.get("ros__parameters") or {})
+    return out
+
+
+def parse_overrides(items) -> dict:
+    """``["name:=value", ...]`` (values in YAML syntax, as ``-p`` takes them) -> dict."""
+    out = {}
+    for it in items or ():
+        if ":=" not in it:
+            raise ConfigureError(f"override {it!r} is not name:=value")
+        name, raw = it.split(":=", 1)
+        out[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return out

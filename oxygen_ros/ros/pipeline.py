@@ -1,0 +1,236 @@
+"""One frame's path through the node, without ROS: inputs -> observation -> ``Engine.cycle`` -> action chunk buffer
+and language outputs.
+
+This file owns what happens in one inference cycle and what the node does with its results, so that the lifecycle
+node (``ros/node.py``, live DDS, ROS clock) and ``oxygen bag-eval`` (a recorded bag, bag time) run the very same
+logic.  ``Pipeline(settings, outputs, clock_ns=..., logger=...)`` builds the engine (``engine_factory``), the
+``InputState`` (callbacks store inputs there), the ``ChunkBuffer`` (sampled by the control loop) and the
+``RequestTracker`` (tokens, answers, memory entries -> ``outputs``).  ``step(now_ns)`` runs one cycle:
+take the newest inputs, submit queued conversation prompts, skip the frame if the primary camera's newest frame is
+older than ``max_observation_age_s`` (stale), convert the camera frames, schedule memory / subtask requests on the
+given clock, build the ``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk ->
+buffer, at once, before any language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged
+and skipped; the pipeline keeps serving.  ``sample(now_ns)`` is what the control loop publishes.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+
+from . import diagnostics as diag
+from .control import ChunkBuffer, ControlSample
+from .engine_factory import BuiltEngine, build_engine
+from .images import ImageError, image_to_rgb8
+from .inputs import InputState
+from .language import ChunkOut, Outputs, RequestTracker
+from .memory_store import MemoryStore
+from .parameters import SLOT_NAMES, Settings
+
+__all__ = ["Pipeline", "Every"]
+
+_ENGINE_METRICS_RESET_S = 600.0     # the engine keeps per-cycle records; bound them in a long-running node
+
+
+class Every:
+    """A periodic schedule on an external clock (ns): ``due(now)`` is True at the first call and then once per
+    ``interval_s``.  ``interval_s <= 0`` = never."""
+
+    def __init__(self, interval_s: float):
+        self.interval_ns = int(float(interval_s) * 1e9)
+        self._last: int | None = None
+
+    def due(self, now_ns: int) -> bool:
+        if self.interval_ns <= 0:
+            return False
+        if self._last is None or now_ns - self._last >= self.interval_ns:
+            self._last = now_ns
+            return True
+        return False
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, outputs: Outputs, *, clock_ns: Callable[[], int], logger,
+                 counters: diag.Counters | None = None,
+                 engine_factory: Callable[..., BuiltEngine] = build_engine):
+        self.settings = s = settings
+        self.out = outputs
+        self.clock_ns = clock_ns
+        self.logger = logger
+        self.counters = counters or diag.Counters()
+        self.report = diag.Reporter(self.counters, logger)
+        built = engine_factory(s, on_actions=self._on_actions, on_token=self._on_token,
+                               on_finished=self._on_finished)
+        self.engine = built.engine
+        self.info = built.info
+        self.action_dims, self.horizon = int(built.action_dims), int(built.horizon)
+        self.action_names = s.action_names
+        self.inputs = InputState(s, self.report, built.state_dim_max)
+        self.buffer = ChunkBuffer(1.0 / s.control_rate_hz, blend_steps=s.blend_steps,
+                                  stale_behavior=s.stale_behavior, time_origin=s.chunk_time_origin)
+        self.memory = MemoryStore(s.memory_db) if s.memory_db else None
+        self.requests = RequestTracker(outputs, self.report, clock_ns, memory=self.memory,
+                                       frame_info=self._frame_info, default_memory_prompt=s.memory_prompt)
+        self._memory_every = Every(s.memory_interval_s)
+        self._subtask_every = Every(s.subtask_interval_s if s.subtask_enabled else 0.0)
+        self._lock = threading.Lock()
+        self._frames: collections.OrderedDict = collections.OrderedDict()   # engine frame_index -> (cap ns, id)
+        self._cycle_frame = (0, "")                    # (capture ns, frame_id) of the cycle running now
+        self._inject: collections.deque = collections.deque(maxlen=16)
+        # statistics for /diagnostics
+        self.cycle_meter = diag.RateMeter(2.0)
+        self.chunk_meter = diag.RateMeter(2.0)
+        self.token_meter = diag.RateMeter(2.0)
+        self.cycle_ms: collections.deque = collections.deque(maxlen=200)
+        self.wait_ms: collections.deque = collections.deque(maxlen=200)    # frame capture -> cycle start
+        self.cycles = 0
+        self.cycle_errors = 0
+        self.deadline_misses = 0
+        self._last_metrics_reset = time.monotonic()
+
+    # ---------------------------------------------------------------------------------------------- the cycle
+    def step(self, now_ns: int | None = None) -> str:
+        """One inference cycle at ``now_ns`` (default: the clock). Returns "ran", "stale" or "error"."""
+        try:
+            return self._step(self.clock_ns() if now_ns is None else now_ns)
+        except Exception as exc:  # noqa: BLE001 - a failed cycle is skipped; the node keeps serving
+            self.cycle_errors += 1
+            self.report.event("cycle_errors", f"inference cycle failed and was skipped: {type(exc).__name__}: {exc}",
+                              level="error")
+            if self.cycle_errors == 1:
+                self.logger.error(traceback.format_exc())
+            return "error"
+
+    def _step(self, now: int) -> str:
+        from oxygen_ros.model.processing import Observation  # noqa: PLC0415 - torch is loaded with the engine
+
+        s = self.settings
+        inp = self.inputs.take()
+        for p in inp.prompts:          # queued in the engine even if this frame is skipped
+            self.submit("conversation", p.text)
+        max_age_ns = int(s.max_observation_age_s * 1e9)
+        prim = inp.frames[self.inputs.primary_slot]
+        if prim is None or now - prim.capture_ns > max_age_ns:
+            age = "none" if prim is None else f"{(now - prim.capture_ns) / 1e9:.3f} s"
+            self.report.event("cycle_skipped_stale",
+                              f"newest frame is older than max_observation_age_s (age {age}): no inference "
+                              "(if frames do arrive, check clock sync or set stamp_source: receive)")
+            return "stale"
+        self.wait_ms.append((now - prim.capture_ns) / 1e6)
+        frame_id = prim.msg.header.frame_id or ("camera_" + SLOT_NAMES[self.inputs.primary_slot])
+        images = [None, None, None]
+        for slot, fr in enumerate(inp.frames):
+            if fr is None or now - fr.capture_ns > max_age_ns:
+                continue
+            try:
+                images[slot] = image_to_rgb8(fr.msg)
+            except ImageError as exc:      # validated already; only reachable via cv_bridge failures
+                self.report.reject(f"image_{exc.reason}", str(exc))
+                if slot == self.inputs.primary_slot:
+                    return "error"
+        state = None
+        if inp.joint is not None:
+            state = inp.joint.position
+        else:
+            self.report.count("state_missing")
+        if self._memory_every.due(now):
+            self.submit("memory", s.memory_prompt)
+        if inp.instruction and self._subtask_every.due(now):
+            self.submit("subtask", inp.instruction)
+        self._cycle_frame = (prim.capture_ns, frame_id)
+        obs = Observation(images=images, state=state, prompt=inp.instruction, stamp=prim.capture_ns / 1e9)
+        if self._inject:
+            fault = self._inject.popleft()
+            if fault == "cycle_exception":
+                raise RuntimeError("injected fault (debug_fault_injection)")
+        t0 = time.perf_counter()
+        stats = self.engine.cycle(obs)
+        self.cycles += 1
+        self.cycle_meter.tick()
+        self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
+        if isinstance(stats, dict) and stats.get("deadline_missed"):
+            self.deadline_misses += 1
+        if (time.monotonic() - self._last_metrics_reset > _ENGINE_METRICS_RESET_S
+                and hasattr(self.engine, "reset_metrics")):
+            self.engine.reset_metrics()
+            self._last_metrics_reset = time.monotonic()
+        return "ran"
+
+    def submit(self, kind: str, text: str) -> int | None:
+        """Queue a language request in the engine; returns its id (None if the engine refused it)."""
+        try:
+            rid = self.engine.submit(kind=kind, prompt=text)
+        except Exception as exc:  # noqa: BLE001 - engine refuses (bad prompt, full)
+            self.report.event("request_rejected", f"{kind} request rejected: {exc}")
+            return None
+        if isinstance(rid, int):
+            self.requests.register(rid, kind)
+        return rid
+
+    def inject(self, fault: str) -> None:
+        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way."""
+        self._inject.append(fault.strip())
+
+    # ---------------------------------------------------------------------------------------------- engine callbacks
+    def _on_actions(self, res) -> None:
+        now_ns = self.clock_ns()
+        cap_ns, frame_id = self._cycle_frame
+        if not cap_ns:
+            cap_ns = int(round(res.stamp * 1e9))
+        actions = np.asarray(res.actions, dtype=np.float32)
+        if actions.ndim != 2 or not np.all(np.isfinite(actions)):
+            self.report.event("chunk_invalid", f"engine returned an invalid chunk (shape {actions.shape}, finite "
+                                               f"{bool(np.all(np.isfinite(actions)))}); dropped", level="error")
+            return
+        with self._lock:
+            self._frames[res.frame_index] = (cap_ns, frame_id)
+            while len(self._frames) > 4096:
+                self._frames.popitem(last=False)
+        self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index, capture_time=cap_ns / 1e9,
+                         ready_time=now_ns / 1e9, latency_ms=res.latency_ms, capture_ns=cap_ns, frame_id=frame_id)
+        self.chunk_meter.tick()
+        self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id))
+
+    def _on_token(self, ev) -> None:
+        self.token_meter.tick()
+        self.requests.on_token(ev)
+
+    def _on_finished(self, res) -> None:
+        self.requests.on_finished(res)
+
+    def _frame_info(self, frame_index: int) -> tuple:
+        """(capture ns, frame_id) of an engine frame (recorded from its ActionResult), for memory entries."""
+        with self._lock:
+            return self._frames.get(frame_index, (0, self._cycle_frame[1]))
+
+    # ---------------------------------------------------------------------------------------------- control side
+    def sample(self, now_ns: int) -> ControlSample | None:
+        """The not-yet-executed remainder of the newest chunk at ``now_ns`` (None = publish nothing)."""
+        return self.buffer.sample(now_ns / 1e9)
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def reset_io(self) -> None:
+        """Forget received inputs and the current chunk (on activate)."""
+        self.inputs.clear()
+        self.buffer.clear()
+
+    def close(self) -> None:
+        self.requests.clear()
+        if self.memory is not None:
+            self.memory.close()
+            self.memory = None
+        self.engine = None
+
+    def engine_metrics(self) -> dict:
+        eng = self.engine
+        if eng is None or not hasattr(eng, "metrics"):
+            return {}
+        try:
+            return dict(eng.metrics())
+        except Exception as exc:  # noqa: BLE001
+            self.report.log("engine_metrics", f"engine.metrics() failed: {exc}", period_s=10.0)
+            return {}
