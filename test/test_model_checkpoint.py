@@ -176,3 +176,27 @@ def test_pi05_config_with_wrong_weights_is_a_shape_error(tmp_path):
                                                       "action_expert_variant": "gemma_300m", "precision": "float32"}))
     with pytest.raises(CheckpointError, match="mis-shaped"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tiny, tmp_path, bad):
+    """A checkpoint with a NaN/inf weight loads and runs (every chunk non-finite) unless it is checked at load."""
+    save_checkpoint(tiny, tmp_path)
+    sd = load_file(tmp_path / "model.safetensors")
+    name = "paligemma_with_expert.gemma_expert.model.layers.1.mlp.down_proj.weight"
+    sd[name] = sd[name].clone()
+    sd[name].view(-1)[3] = bad
+    save_file(sd, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=name.replace(".", r"\.") + r".*1 non-finite"):
+        load_checkpoint(tmp_path)
+
+
+def test_tower_overrides_as_dicts(tiny, tmp_path):
+    """get_config's documented dict overrides work for load_checkpoint too (or fail as a CheckpointError)."""
+    save_checkpoint(tiny, tmp_path)
+    pol = load_checkpoint(tmp_path, vlm={"rms_norm_eps": 1e-5})
+    assert pol.cfg.vlm.rms_norm_eps == 1e-5 and pol.cfg.vlm.width == tiny.cfg.vlm.width
+    with pytest.raises(CheckpointError, match="no_such_field"):
+        load_checkpoint(tmp_path, vlm={"no_such_field": 1})
+    with pytest.raises(CheckpointError, match="unknown config fields"):
+        load_checkpoint(tmp_path, not_a_field=3)

@@ -154,5 +154,5 @@ def test_model_package_never_imports_rclpy():
 def test_timing_helper_runs():
     from oxygen_ros.model.timing import measure
     r = measure("tiny", repeats=1, decode_batches=(2,))
-    assert r["prefix_len"] == 3 * 49 + 96
+    assert r["prefix_len"] == 3 * 49 + get_config("tiny").max_token_len
     assert all(r[k] > 0 for k in ("prefill_ms", "sample_actions_ms", "frame_ms", "decode_b2_ms"))

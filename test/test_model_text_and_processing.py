@@ -129,13 +129,39 @@ def test_prompt_formats_and_bins():
 
 
 def test_truncation_warns_and_flags():
-    proc = Processor(get_config("tiny"), ByteTokenizer(512))
+    cfg = get_config("tiny")
+    proc = Processor(cfg, ByteTokenizer(512))
     with pytest.warns(UserWarning, match="truncated"):
         tokens, mask, trunc = proc.encode_prompt("conversation", "x" * 500)
-    assert trunc and mask.all() and tokens.shape == (1, 96)
+    assert trunc and mask.all() and tokens.shape == (1, cfg.max_token_len)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not proc.encode_prompt("conversation", "short")[2]
+
+
+def test_truncation_warns_once_per_change_of_prompt():
+    """An over-long instruction is truncated on every cycle (its state part changes each frame): it is flagged every
+    time but warned about once, until the instruction changes."""
+    cfg = get_config("tiny")
+    proc = Processor(cfg, ByteTokenizer(512))
+    long_task = "stack the blocks " * 20
+    with pytest.warns(UserWarning, match="truncated"):
+        assert proc.encode_prompt("action", long_task, state=np.zeros(14))[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(5):
+            assert proc.encode_prompt("action", long_task, state=np.full(14, 0.1 * i))[2]
+    with pytest.warns(UserWarning, match="truncated"):
+        assert proc.encode_prompt("action", "wipe the table " * 20, state=np.zeros(14))[2]
+
+
+def test_shipped_config_action_prompt_fits_tiny():
+    """The shipped config's action prompt (the synthetic bag's instruction + 14 joints) is not truncated by tiny."""
+    from oxygen_ros.tools.bags import DEFAULT_INSTRUCTION, JOINT_NAMES
+    proc = Processor(get_config("tiny"), ByteTokenizer(512))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not proc.encode_prompt("action", DEFAULT_INSTRUCTION, state=np.ones(len(JOINT_NAMES)))[2]
 
 
 def test_norm_stats_round_trip_and_unnormalize(tmp_path):
@@ -221,3 +247,24 @@ def test_action_prompt_without_discrete_state(tmp_path):
     n = int(mi.token_masks.sum())
     assert mi.prompt_text == "lift the bowl\n"
     assert mi.tokens[0, :n].tolist() == [2] + tok.encode("lift the bowl") + tok.encode("\n")
+
+
+@pytest.mark.parametrize("h,w", [(1000, 2), (2, 1000), (3, 500), (4000, 30)])
+def test_degenerate_frames_are_refused_clearly_never_crash_the_resize(h, w):
+    """A structurally valid frame whose short side shrinks to nothing in resize-with-pad (1000x2 -> 224x0) used to
+    raise inside torch's interpolate on every cycle; now the model's validation names the problem, and the resize
+    itself still works (>= 1 px)."""
+    from oxygen_ros.model.processing import unusable_image_reason
+    cfg = get_config("tiny")
+    img = np.full((h, w, 3), 200, np.uint8)
+    assert resize_with_pad(img, cfg.image_size, cfg.image_size).shape == (cfg.image_size, cfg.image_size, 3)
+    assert "shrinks" in unusable_image_reason(h, w, cfg.image_size)
+    proc = Processor(cfg, ByteTokenizer(512))
+    with pytest.raises(ValueError, match="camera slot 1: .*shrinks"):
+        proc.prepare(Observation(images=[np.zeros((224, 224, 3), np.uint8), img, None], prompt="x"))
+
+
+@pytest.mark.parametrize("h,w", [(480, 640), (224, 224), (720, 1280), (100, 700)])
+def test_ordinary_frames_are_usable(h, w):
+    from oxygen_ros.model.processing import unusable_image_reason
+    assert unusable_image_reason(h, w, 224) is None

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import Pi05Config, get_config
+from .config import Pi05Config, apply_overrides, get_config
 from .pi05 import Pi05Model
 from .processing import NormStats
 from .tokenizer import load_tokenizer
@@ -82,7 +82,7 @@ def config_from_json(d: dict, **overrides) -> Pi05Config:
         cfg = cfg.replace(action_horizon=int(horizon), action_dim=int(adim), dtype=_PRECISIONS[prec],
                           max_token_len=int(max_len),
                           discrete_state_input=bool(d.get("discrete_state_input", cfg.discrete_state_input)))
-        return cfg.replace(**overrides) if overrides else cfg
+        return apply_overrides(cfg, **overrides) if overrides else cfg
     except CheckpointError:
         raise
     except (TypeError, ValueError, KeyError) as e:
@@ -152,6 +152,17 @@ def check_state_dict(sd: dict, expected: dict) -> None:
         raise CheckpointError("\n".join(lines))
 
 
+def check_finite(sd: dict, order=None) -> None:
+    """Raise CheckpointError naming the first tensor (in ``order``, default: sorted keys) that holds NaN or inf:
+    such weights load and run, but every action chunk comes out non-finite."""
+    for k in (order or sorted(sd)):
+        t = sd[k]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(f"weight {k} {tuple(t.shape)} has {bad} non-finite value(s) (NaN/inf): the "
+                                  "checkpoint is corrupt or was saved after a diverged training step")
+
+
 def load_state_dict_into(model: Pi05Model, sd: dict, device: torch.device | str = "cpu") -> Pi05Model:
     """Map a (normalised) file state dict onto ``model`` (may live on the meta device), strictly, keeping the model's
     per-parameter dtypes.  Returns the model on ``device``."""
@@ -163,6 +174,7 @@ def load_state_dict_into(model: Pi05Model, sd: dict, device: torch.device | str 
         sd.pop(LM_HEAD, None)
     expected = _expected(model)
     check_state_dict(sd, expected)
+    check_finite(sd, order=expected)
     # copy=True: fresh, aligned storage per tensor (views into the file buffer can take other BLAS paths)
     tensors = {k: sd[k].to(device=device, dtype=expected[k][1], copy=True).contiguous() for k in expected}
     dev = torch.device(device)

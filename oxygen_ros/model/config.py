@@ -150,14 +150,15 @@ def _bench_cpu() -> Pi05Config:
 
 
 def _tiny() -> Pi05Config:
-    # Same architecture at toy widths: 2 layers per tower, patch 32 -> 7x7 = 49 tokens per camera.  max_token_len 96
-    # (not 48): the byte tokenizer spends one token per character and the action prompt with an 8-dim state is ~70.
+    # Same architecture at toy widths: 2 layers per tower, patch 32 -> 7x7 = 49 tokens per camera.  max_token_len 160:
+    # the byte tokenizer spends one token per character, and the shipped config's action prompt (the synthetic
+    # bag's instruction + a 14-joint state) is 125 tokens (96 truncated it on every cycle).
     return Pi05Config(
         name="tiny",
         vision=VisionConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=32, image_size=224),
         vlm=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
         expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16, adarms=True),
-        vocab_size=512, num_cameras=3, max_token_len=96, action_dim=32, action_horizon=10, num_denoise_steps=10,
+        vocab_size=512, num_cameras=3, max_token_len=160, action_dim=32, action_horizon=10, num_denoise_steps=10,
         dtype="float32",
     )
 
@@ -165,16 +166,24 @@ def _tiny() -> Pi05Config:
 PRESETS = {"pi05": _pi05, "bench-cpu": _bench_cpu, "tiny": _tiny}
 
 
+def apply_overrides(cfg: Pi05Config, **overrides) -> Pi05Config:
+    """``cfg`` with top-level field overrides; tower overrides (``vision`` / ``vlm`` / ``expert``) take a dict of
+    that tower's fields or a whole tower config.  Unknown fields raise ValueError."""
+    for tower in ("vision", "vlm", "expert"):
+        if isinstance(overrides.get(tower), dict):
+            try:
+                overrides[tower] = dataclasses.replace(getattr(cfg, tower), **overrides[tower])
+            except TypeError as e:
+                raise ValueError(f"bad {tower} override: {e}") from e
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Pi05Config)}
+    if unknown:
+        raise ValueError(f"unknown config fields: {sorted(unknown)}")
+    return dataclasses.replace(cfg, **overrides)
+
+
 def get_config(name: str = "pi05", **overrides) -> Pi05Config:
     """Return a preset by name with top-level field overrides, e.g. ``get_config("pi05", action_horizon=10)``.
     Tower overrides take a dict or a config: ``get_config("tiny", vlm={"depth": 3})``."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-    cfg = PRESETS[name]()
-    for tower, cls in (("vision", VisionConfig), ("vlm", GemmaConfig), ("expert", GemmaConfig)):
-        if isinstance(overrides.get(tower), dict):
-            overrides[tower] = dataclasses.replace(getattr(cfg, tower), **overrides[tower])
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(Pi05Config)}
-    if unknown:
-        raise ValueError(f"unknown config fields: {sorted(unknown)}")
-    return dataclasses.replace(cfg, **overrides)
+    return apply_overrides(PRESETS[name](), **overrides)

@@ -8,7 +8,6 @@ with the discretised state and the language prompts (subtask / conversation / me
 from __future__ import annotations
 
 import json
-import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
 
 NUM_STATE_BINS = 256
 
@@ -133,15 +131,34 @@ class NormStats:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+# A frame whose short side would shrink below this many pixels in resize-with-pad carries no usable content (a
+# 1000x2 strip becomes 224x0): such frames are refused with a clear reason instead of failing inside the resize.
+MIN_RESIZED_SIDE = 8
+
+
+def resized_size(h: int, w: int, height: int, width: int) -> tuple[int, int]:
+    """The (rows, cols) an h x w image is scaled to by ``resize_with_pad`` before padding (openpi's int())."""
+    ratio = max(w / width, h / height)
+    return int(h / ratio), int(w / ratio)
+
+
+def unusable_image_reason(h: int, w: int, size: int) -> str | None:
+    """Why an h x w frame cannot be used by a model with ``size`` x ``size`` inputs, or None."""
+    rh, rw = resized_size(h, w, size, size)
+    if min(rh, rw) < MIN_RESIZED_SIDE:
+        return (f"a {w}x{h} frame shrinks to {rw}x{rh} in the model's {size}x{size} resize-with-pad (aspect ratio "
+                f"{max(w, h) / max(1, min(w, h)):.0f}:1); at least {MIN_RESIZED_SIDE} px per side are needed")
+    return None
+
+
 def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """uint8 [h, w, 3] -> uint8 [height, width, 3]: scale by 1/max(w/width, h/height) (keep aspect, sizes truncated
-    as openpi's int()), bilinear with antialiasing (as PIL), then centre with zero padding (extra pixel
-    bottom/right)."""
+    as openpi's int(), at least 1 px), bilinear with antialiasing (as PIL), then centre with zero padding (extra
+    pixel bottom/right)."""
     h, w = image.shape[:2]
     if (h, w) == (height, width):
         return image
-    ratio = max(w / width, h / height)
-    rh, rw = int(h / ratio), int(w / ratio)
+    rh, rw = (max(1, n) for n in resized_size(h, w, height, width))
     # uint8 channels-last input takes torch's PIL-like fast path (within 1/255 of PIL, ~4x faster than float)
     t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
     r = F.interpolate(t, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True)
@@ -192,14 +209,14 @@ def language_prompt(kind: str, text: str) -> str:
     return PROMPT_FORMATS[kind].format(text=clean_text(text))
 
 
-def pad_tokens(ids: list[int], max_len: int, pad_id: int = 0, what: str = "prompt"):
-    """Right-pad to max_len -> (tokens [max_len], mask [max_len], truncated).  Warns when truncating."""
+def pad_tokens(ids: list[int], max_len: int, pad_id: int = 0, what: str = "prompt", warn: bool = True):
+    """Right-pad to max_len -> (tokens [max_len], mask [max_len], truncated).  Warns (once, as a UserWarning) when
+    truncating, unless ``warn`` is False."""
     truncated = len(ids) > max_len
     if truncated:
-        msg = (f"{what} has {len(ids)} tokens, more than max_token_len={max_len}: truncated "
-               "(consider a larger max_token_len)")
-        warnings.warn(msg, stacklevel=3)
-        log.warning(msg)
+        if warn:
+            warnings.warn(f"{what} has {len(ids)} tokens, more than max_token_len={max_len}: truncated "
+                          "(consider a larger max_token_len)", stacklevel=3)
         ids = ids[:max_len]
     n = len(ids)
     tokens = np.full(max_len, pad_id, dtype=np.int64)
@@ -226,6 +243,7 @@ class Processor:
         self.action_dims = action_dims or self.norm_stats.action_dim or cfg.action_dim
         if self.action_dims > cfg.action_dim:
             raise ValueError(f"action_dims {self.action_dims} > model action_dim {cfg.action_dim}")
+        self._last_truncation: dict = {}
 
     # ---- validation ------------------------------------------------------------------------------------------------
     def validate(self, obs: Observation) -> None:
@@ -243,6 +261,9 @@ class Processor:
                 raise ValueError(f"camera slot {i}: expected dtype uint8, got {im.dtype}")
             if im.ndim != 3 or im.shape[2] != 3 or im.shape[0] < 1 or im.shape[1] < 1:
                 raise ValueError(f"camera slot {i}: expected shape [H, W, 3] (RGB), got {list(im.shape)}")
+            why = unusable_image_reason(im.shape[0], im.shape[1], self.cfg.image_size)
+            if why:
+                raise ValueError(f"camera slot {i}: {why}")
         if obs.state is not None:
             s = np.asarray(obs.state)
             if s.ndim != 1 or s.size == 0:
@@ -271,11 +292,16 @@ class Processor:
         return out, mask
 
     # ---- prompts ---------------------------------------------------------------------------------------------------
-    def _tokens(self, text: str, what: str, suffix: str | None = None):
+    def _tokens(self, text: str, what: str, suffix: str | None = None, key: str | None = None):
         ids = self.tokenizer.encode(text, add_bos=True)
         if suffix is not None:                                   # tokenised separately, as openpi does for "\n"
             ids = ids + self.tokenizer.encode(suffix)
-        t, m, truncated = pad_tokens(ids, self.cfg.max_token_len, self.tokenizer.pad_id, what)
+        # warn once per change of the truncated prompt (``key``: the part that identifies it, e.g. the instruction
+        # without the state, which changes every frame), not on every cycle
+        key = (text if key is None else key, len(ids) > self.cfg.max_token_len)
+        warn = self._last_truncation.get(what) != key
+        self._last_truncation[what] = key
+        t, m, truncated = pad_tokens(ids, self.cfg.max_token_len, self.tokenizer.pad_id, what, warn=warn)
         return torch.from_numpy(t)[None], torch.from_numpy(m)[None], truncated
 
     def action_prompt_text(self, prompt: str, state: np.ndarray | None) -> str:
@@ -290,7 +316,7 @@ class Processor:
     def _action_tokens(self, prompt: str, state):
         if not self.cfg.discrete_state_input:
             return self._tokens(clean_text(prompt), "action prompt", suffix="\n")
-        return self._tokens(self.action_prompt_text(prompt, state), "action prompt")
+        return self._tokens(self.action_prompt_text(prompt, state), "action prompt", key=prompt)
 
     def encode_prompt(self, kind: str, text: str, state: np.ndarray | None = None):
         """kind 'action' (text = task, uses ``state``) | 'subtask' | 'conversation' | 'memory'
