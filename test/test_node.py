@@ -237,6 +237,71 @@ def test_bad_inputs_are_counted_and_actions_continue(env):
     assert "rejected input" in env.node.log()
 
 
+def _unusable_frame(kind, ros):
+    if kind == "strip":          # passes the header/data checks, shrinks to 224x0 in resize-with-pad
+        m = rgb_to_image(np.zeros((1000, 2, 3), np.uint8), "rgb8")
+    elif kind == "sliver":
+        m = rgb_to_image(np.zeros((2, 1000, 3), np.uint8), "rgb8")
+    else:                        # a good frame stamped 5 s ahead of the node's clock (camera clock skew)
+        m = rgb_to_image(np.zeros((48, 64, 3), np.uint8), "rgb8")
+        m.header.stamp = (ros.now() + __import__("rclpy").duration.Duration(seconds=5.0)).to_msg()
+    return m
+
+
+def test_unusable_and_skewed_wrist_frames_never_stop_the_actions(env):
+    """Only bad frames on the left wrist camera (the replay leaves that topic out): 1000x2 / 2x1000 strips and frames
+    stamped in the future. Before, a single strip made every cycle raise; now the slot is masked and counted and the
+    base camera's actions keep their rate."""
+    env.stop_replay()
+    env.replay = start_replay(env.bag, env.tmp / "replay_nowrist.log", "--loop", "--exclude", "/conversation/prompt",
+                              "/camera/left_wrist/image_raw")
+    cam = env.ros.publisher(Image, "camera/left_wrist/image_raw")
+    t_on = time.monotonic()
+    # new chunks from the restarted replay (the old chunk's remainder keeps coming for a while)
+    assert env.ros.wait_for(lambda: len({m.chunk_id for _, m in env.chunks_since(t_on)}) >= 4, 30), \
+        env.node.log()[-2000:]
+    before = {k: env.counter(k) or 0 for k in ("rejected.image_aspect", "future_stamps")}
+    log_at = len(env.node.log())
+    t0 = time.monotonic()
+    i = 0
+    while time.monotonic() - t0 < 4.0:
+        cam.publish(_unusable_frame(("strip", "sliver", "future")[i % 3], env.ros))
+        i += 1
+        time.sleep(0.05)
+    got = env.chunks_since(t0 + 1.0)
+    rate = len(got) / 3.0
+    assert rate >= 0.8 * RATE, f"action_chunk at {rate:.1f} Hz while the left wrist sends unusable frames"
+    assert len({m.chunk_id for _, m in got}) >= 4, "new chunks kept coming"
+    assert env.ros.wait_for(lambda: (env.counter("rejected.image_aspect") or 0) > before["rejected.image_aspect"]
+                            and (env.counter("future_stamps") or 0) > before["future_stamps"], 10)
+    assert "cycle failed" not in env.node.log()[log_at:]
+    env.stop_replay()
+    env.start_replay()
+
+
+def test_joint_states_stop_then_resume(env):
+    """Cameras go on, joint_states stop: no new chunks after max_state_age_s, ERROR naming joint_states, a log line;
+    chunks come back with the states."""
+    env.stop_replay()
+    env.replay = start_replay(env.bag, env.tmp / "replay_nojoints.log", "--loop", "--exclude", "/conversation/prompt",
+                              "/joint_states")
+    t_stop = time.monotonic()
+    time.sleep(3.0)
+    late = env.chunks_since(t_stop + 2.0)
+    assert not {m.chunk_id for _, m in late} - {m.chunk_id for _, m in env.chunks_since(t_stop)[:1]}, \
+        "new chunks were made from a stale joint state"
+    assert env.ros.wait_for(lambda: "joint_states" in (env.last_diag(after=t_stop + 1.5) or {}).get(
+        "oxygen_node: control", (0, ""))[1], 5), env.last_diag()
+    assert env.last_diag()["oxygen_node: control"][0] == 2
+    assert "joint_states: newest is" in env.node.log()
+    env.stop_replay()
+    env.start_replay()
+    t_resume = time.monotonic()
+    assert env.ros.wait_for(lambda: len({m.chunk_id for _, m in env.chunks_since(t_resume)}) >= 3, 30), \
+        "no recovery after joint states return"
+    assert "joint_states: receiving again" in env.node.log()
+
+
 def test_cameras_stop_then_resume(env):
     env.stop_replay()
     t_stop = time.monotonic()
@@ -247,6 +312,8 @@ def test_cameras_stop_then_resume(env):
     assert env.ros.wait_for(lambda: (env.last_diag(after=t_stop + 1.5) or {}).get("oxygen_node: control",
                                                                                   (0,))[0] == 2, 5)
     assert "too old" in env.last_diag()["oxygen_node: control"][1]
+    # logged while no frame arrives (not only when a stale frame comes in)
+    assert "camera 'camera/base/image_raw': newest is" in env.node.log()
     env.start_replay()
     t_resume = time.monotonic()
     assert env.ros.wait_for(lambda: len(env.chunks_since(t_resume)) > 50, 30), "no recovery after frames return"

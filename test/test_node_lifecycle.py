@@ -27,15 +27,26 @@ from oxygen_ros.msg import ActionChunk  # noqa: E402
 from test_node import BASE_PARAMS, RATE, STARTUP_S, diag_values  # noqa: E402
 
 
-def test_missing_and_corrupt_checkpoint_fail_configure(tmp_path):
+def test_missing_corrupt_and_nan_checkpoint_fail_configure(tmp_path):
     bad = tmp_path / "corrupt_ckpt"
     bad.mkdir()
     (bad / "config.json").write_text("{ this is not json")
     (bad / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    # a checkpoint that loads structurally but holds a NaN weight (it would run and drop every chunk)
+    import torch
+    from safetensors.torch import load_file, save_file
+    from oxygen_ros.model import build_model, get_config, save_checkpoint
+    nan = tmp_path / "nan_ckpt"
+    save_checkpoint(build_model(get_config("tiny")), nan)
+    sd = load_file(nan / "model.safetensors")
+    sd["action_out_proj.weight"] = torch.full_like(sd["action_out_proj.weight"], float("nan"))
+    save_file(sd, nan / "model.safetensors")
     procs = {
         "missing": NodeProcess(tmp_path / "missing.log", {"checkpoint": str(tmp_path / "no_such_dir"),
                                                           "memory_db": ""}),
         "corrupt": NodeProcess(tmp_path / "corrupt.log", {"checkpoint": str(bad), "memory_db": ""}),
+        "nan": NodeProcess(tmp_path / "nan.log", {"checkpoint": str(nan), "memory_db": "",
+                                                  "action_joint_names": [""], "state_joint_names": [""]}),
     }
     for name, p in procs.items():
         try:
@@ -48,6 +59,7 @@ def test_missing_and_corrupt_checkpoint_fail_configure(tmp_path):
         assert "configure failed" in log and "checkpoint" in log, log[-2000:]
     assert "not found" in procs["missing"].log()
     assert str(bad) in procs["corrupt"].log()
+    assert "action_out_proj.weight" in procs["nan"].log() and "non-finite" in procs["nan"].log()
 
 
 def _call(ros, client, req, timeout=30.0):

@@ -2,10 +2,13 @@
 time; language throughput = mean over frames of (tokens decoded in the frame / frame time) (the paper's) and total
 tokens / total time; per-cycle latency and action latency (frame in -> chunk out) percentiles; time to first token
 and completion latency per request; prefills per frame; active batch size; KV bytes in use and peak; deadline misses.
-`Metrics.summary()` is a flat JSON-serialisable dict. Recording is cheap (append to lists); nothing here times itself.
+`Metrics.summary()` is a flat JSON-serialisable dict. Recording is cheap (append to bounded deques: a long-running
+node keeps the last `window` cycles and requests, so its memory stays flat; totals since the last reset are kept as
+counters); nothing here times itself.
 """
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from dataclasses import dataclass
@@ -50,17 +53,21 @@ class CycleRecord:
 
 
 class Metrics:
-    def __init__(self, action_horizon: int):
+    def __init__(self, action_horizon: int, window: int = 4096):
         self.H = int(action_horizon)
+        self.window = int(window)             # cycles / requests kept for the rates and percentiles
         self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
+        w = self.window
         with getattr(self, "_lock", threading.Lock()):
-            self.cycles: list[CycleRecord] = []
-            self.ttft_s: list[float] = []
-            self.completion_s: list[float] = []
-            self.request_tokens: list[int] = []
+            self.cycles: collections.deque[CycleRecord] = collections.deque(maxlen=w)
+            self.ttft_s: collections.deque[float] = collections.deque(maxlen=w)
+            self.completion_s: collections.deque[float] = collections.deque(maxlen=w)
+            self.request_tokens: collections.deque[int] = collections.deque(maxlen=w)
+            self.frames_total = 0
+            self.tokens_total = 0
             self.counts = {"submitted": 0, "finished": 0, "finished_eos": 0, "finished_length": 0, "rejected": 0,
                            "dropped": 0, "errors": 0, "truncated_prompts": 0, "cycle_errors": 0}
 
@@ -71,6 +78,8 @@ class Metrics:
     def add_cycle(self, rec: CycleRecord) -> None:
         with self._lock:
             self.cycles.append(rec)
+            self.frames_total += 1
+            self.tokens_total += rec.tokens
 
     def add_request(self, ttft_s, completion_s, n_tokens: int, reason: str) -> None:
         with self._lock:
@@ -87,7 +96,9 @@ class Metrics:
         with self._lock:
             cyc = list(self.cycles)
             ttft, comp, counts = list(self.ttft_s), list(self.completion_s), dict(self.counts)
-        out: dict = {"frames": len(cyc), "action_horizon": self.H}
+        with self._lock:
+            totals = {"frames_since_reset": self.frames_total, "tokens_since_reset": self.tokens_total}
+        out: dict = {"frames": len(cyc), "action_horizon": self.H, **totals}
         if cyc:
             total = (cyc[-1].t_start + cyc[-1].duration_s) - cyc[0].t_start
             busy = sum(c.duration_s for c in cyc)

@@ -160,7 +160,7 @@ def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
         return image
     rh, rw = (max(1, n) for n in resized_size(h, w, height, width))
     # uint8 channels-last input takes torch's PIL-like fast path (within 1/255 of PIL, ~4x faster than float)
-    t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
+    t = torch.from_numpy(np.require(image, requirements=["C", "W"])).permute(2, 0, 1)[None]   # copies read-only
     r = F.interpolate(t, size=(rh, rw), mode="bilinear", align_corners=False, antialias=True)
     r = r[0].permute(1, 2, 0).numpy()
     top, left = (height - rh) // 2, (width - rw) // 2

@@ -7,11 +7,15 @@ window (Hz); ``Counters`` is a thread-safe bag of named counters (rejected input
 ``Status(name, level, message, values)``; ``to_msg`` turns them into a ``diagnostic_msgs/DiagnosticArray`` (the only
 ROS import, done lazily).  Status names are ``oxygen_node: control``, ``: inference``, ``: language``, ``: inputs``;
 every key/value is also listed in the README.  Levels:
-control ERROR when the node is not active, the newest observation is older than ``max_observation_age_s``
-(cameras stopped) or no chunk was ever produced after a grace period; WARN when the measured control rate is below
-80% of the configured rate.  inference ERROR when configure failed; WARN when cycles failed during the last period.
-language WARN when prompts were dropped/truncated/rejected during the last period.  inputs WARN when inputs were
-rejected during the last period (the totals stay in the values).
+control ERROR when the node is not active, the newest primary-camera frame is older than ``max_observation_age_s``
+(cameras stopped), the joint state is older than ``max_state_age_s`` (or none arrived while state joints are
+configured), or no valid chunk was produced for ``CHUNK_GRACE_S`` (or 3x the p99 cycle latency, if longer) while
+active (e.g. every chunk non-finite); WARN
+when the measured control rate is below 80% of the configured rate.  inference ERROR when configure failed; WARN
+when cycles failed or chunks were invalid during the last period.  language WARN when prompts were
+dropped/truncated/rejected during the last period.  inputs WARN when inputs were rejected, a camera frame failed, a
+header stamp was in the future (clock skew) during the last period, or a non-primary camera is silent (masked); the
+totals stay in the values.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ __all__ = ["OK", "WARN", "ERROR", "STALE", "RateMeter", "Counters", "Reporter", 
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3
 HARDWARE_ID = "oxygen_ros"
+CHUNK_GRACE_S = 10.0        # no valid action chunk for this long while active (and cycles run) -> ERROR
 
 
 class RateMeter:
@@ -150,6 +155,8 @@ def build_statuses(s: dict) -> list[Status]:
     """``s`` keys (all optional): state, configure_error, control_rate_hz (configured), control_rate_measured_hz,
     chunks_published, inference_rate_hz, action_frequency_hz, cycle_latency_ms_p50/p99, observation_age_s,
     max_observation_age_s, stale, cycles, cycle_errors, cycle_errors_delta, deadline_misses, tokens_per_s,
+    state_age_s, max_state_age_s, state_stale, no_chunk_s (seconds without a valid chunk), active_s (seconds since
+    activation), future_stamp_max_s, cameras_masked (silent non-primary slots),
     active_requests, prompt_queue, kv_used_fraction, kv_used_bytes, kv_capacity_bytes, counters (dict),
     counters_delta (dict), engine (dict of engine metrics, reported under ``engine.``), uptime_s."""
     state = s.get("state", "unconfigured")
@@ -159,6 +166,7 @@ def build_statuses(s: dict) -> list[Status]:
 
     # control -----------------------------------------------------------------------------------------------------
     target = float(s.get("control_rate_hz", 0.0) or 0.0)
+    grace = max(CHUNK_GRACE_S, 3.0 * float(s.get("cycle_latency_ms_p99", 0.0) or 0.0) / 1e3)
     measured = float(s.get("control_rate_measured_hz", 0.0) or 0.0)
     age = s.get("observation_age_s")
     max_age = float(s.get("max_observation_age_s", 0.0) or 0.0)
@@ -166,7 +174,11 @@ def build_statuses(s: dict) -> list[Status]:
             "chunks_published": s.get("chunks_published", 0), "held_messages": s.get("held_messages", 0),
             "observation_age_s": -1.0 if age is None else float(age), "max_observation_age_s": max_age,
             "action_frequency_hz": float(s.get("action_frequency_hz", 0.0) or 0.0),
-            "stale_behavior": s.get("stale_behavior", "")}
+            "stale_behavior": s.get("stale_behavior", ""),
+            "state_age_s": -1.0 if s.get("state_age_s") is None else float(s["state_age_s"]),
+            "max_state_age_s": float(s.get("max_state_age_s", 0.0) or 0.0),
+            "chunk_invalid": counters.get("chunk_invalid", 0),
+            "seconds_since_last_chunk": -1.0 if s.get("no_chunk_s") is None else float(s["no_chunk_s"])}
     if state != "active":
         lvl, msg = ERROR, f"node is {state}"
         if s.get("configure_error"):
@@ -176,6 +188,14 @@ def build_statuses(s: dict) -> list[Status]:
     elif s.get("stale"):
         lvl, msg = ERROR, (f"observation too old ({vals['observation_age_s']:.2f} s > {max_age:.2f} s): "
                            "cameras stopped? no new action chunks")
+    elif s.get("state_stale"):
+        st_age = s.get("state_age_s")
+        lvl, msg = ERROR, ("no joint_states received" if st_age is None else
+                           f"joint_states too old ({st_age:.2f} s > {float(s.get('max_state_age_s', 0)):.2f} s)") + \
+            ": no new action chunks"
+    elif s.get("no_chunk_s") is not None and s["no_chunk_s"] > grace and (s.get("active_s") or 0) > grace:
+        lvl, msg = ERROR, (f"no valid action chunk for {s['no_chunk_s']:.0f} s "
+                           f"({counters.get('chunk_invalid', 0)} invalid chunks dropped: non-finite model output?)")
     elif target > 0 and measured < 0.8 * target:
         lvl, msg = WARN, f"control rate {measured:.1f} Hz below 80% of {target:.1f} Hz"
     else:
@@ -186,6 +206,9 @@ def build_statuses(s: dict) -> list[Status]:
     vals = {"inference_rate_hz": float(s.get("inference_rate_hz", 0.0) or 0.0),
             "cycles": s.get("cycles", 0), "cycle_errors": s.get("cycle_errors", 0),
             "cycles_skipped_stale": counters.get("cycle_skipped_stale", 0),
+            "cycles_skipped_state_stale": counters.get("cycle_skipped_state_stale", 0),
+            "cycles_skipped_primary_image": counters.get("cycle_skipped_primary_image", 0),
+            "chunk_invalid": counters.get("chunk_invalid", 0),
             "cycle_latency_ms_p50": s.get("cycle_latency_ms_p50", 0.0),
             "cycle_latency_ms_p99": s.get("cycle_latency_ms_p99", 0.0),
             "frame_age_at_cycle_ms_p50": s.get("frame_age_at_cycle_ms_p50", 0.0),
@@ -200,6 +223,8 @@ def build_statuses(s: dict) -> list[Status]:
         lvl, msg = WARN, f"node is {state}"
     elif s.get("cycle_errors_delta", 0):
         lvl, msg = WARN, f"{s['cycle_errors_delta']} inference cycle(s) failed and were skipped"
+    elif delta.get("chunk_invalid", 0):
+        lvl, msg = WARN, f"{delta['chunk_invalid']} action chunk(s) were invalid (non-finite) and dropped"
     else:
         lvl, msg = OK, f"{vals['inference_rate_hz']:.1f} cycles/s"
     out.append(Status("oxygen_node: inference", lvl, msg, vals))
@@ -221,15 +246,29 @@ def build_statuses(s: dict) -> list[Status]:
     out.append(Status("oxygen_node: language", lvl, msg, vals))
 
     # inputs ------------------------------------------------------------------------------------------------------
-    vals = {k: v for k, v in sorted(counters.items()) if k.startswith("rejected.")}
+    vals = {k: v for k, v in sorted(counters.items())
+            if k.startswith(("rejected.", "camera_failed.", "camera_silent."))}
     vals["rejected_total"] = sum(v for k, v in counters.items() if k.startswith("rejected."))
-    for k in ("frames_received", "joint_states_received", "prompts_received", "instructions_received"):
+    for k in ("frames_received", "joint_states_received", "prompts_received", "instructions_received",
+              "future_stamps", "state_silent"):
         vals[k] = counters.get(k, 0)
+    vals["future_stamp_max_s"] = float(s.get("future_stamp_max_s", 0.0) or 0.0)
+    silent = sorted(s.get("cameras_masked") or [])
+    vals["cameras_masked"] = ",".join(silent)
+    problems = []
     recent = {k: v for k, v in delta.items() if k.startswith("rejected.") and v}
     if recent:
-        lvl, msg = WARN, "rejected: " + ", ".join(f"{k[len('rejected.'):]} +{v}" for k, v in sorted(recent.items()))
-    else:
-        lvl, msg = OK, "inputs ok"
+        problems.append("rejected: " + ", ".join(f"{k[len('rejected.'):]} +{v}" for k, v in sorted(recent.items())))
+    failed = {k: v for k, v in delta.items() if k.startswith("camera_failed.") and v}
+    if failed:
+        problems.append("unusable frames: " + ", ".join(f"{k[len('camera_failed.'):]} +{v}"
+                                                         for k, v in sorted(failed.items())))
+    if delta.get("future_stamps", 0):
+        problems.append(f"{delta['future_stamps']} frame(s) stamped up to {vals['future_stamp_max_s']:.2f} s in the "
+                        "future: check clock sync")
+    if silent:
+        problems.append(f"camera(s) silent, masked: {', '.join(silent)}")
+    lvl, msg = (WARN, "; ".join(problems)) if problems else (OK, "inputs ok")
     out.append(Status("oxygen_node: inputs", lvl, msg, vals))
     return out
 

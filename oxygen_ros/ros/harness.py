@@ -111,7 +111,8 @@ class NodeProcess:
         return self.proc.poll() is None
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:

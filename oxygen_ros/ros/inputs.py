@@ -5,15 +5,21 @@ This file owns input validation and the "latest value" semantics, without rclpy:
 ``oxygen bag-eval``, with bag time as the clock) hand it messages (duck-typed ``sensor_msgs/Image``,
 ``sensor_msgs/JointState``, plain strings) together with the current time in ns; the inference thread takes one
 consistent ``CycleInputs`` per cycle.  A bad input is rejected with a reason (``Reporter.reject``: counted as
-``rejected.<reason>``, logged per reason) and never replaces the previous good value.  Thread-safe: callbacks and the
-inference thread may run concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the
-primary (first configured) camera arrives.
+``rejected.<reason>``, logged per reason) and never replaces the previous good value; that includes frames whose
+header is consistent but which the model cannot use (a 1000x2 strip shrinks to nothing in resize-with-pad).
+A camera whose ``header.stamp`` is ahead of this node's clock (more than ``FUTURE_TOLERANCE_S``) is counted
+(``future_stamps``, "check clock sync") and its frames' age is judged by their receive time instead, so clock skew
+cannot make stale frames look fresh.  ``Freshness`` watches one input's age and logs once when it goes silent, while
+it stays silent (every ``repeat_s``) and when it comes back.  Thread-safe: callbacks and the inference thread may run
+concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the primary (first configured)
+camera arrives.
 """
 from __future__ import annotations
 
 import collections
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -21,7 +27,11 @@ from .diagnostics import Reporter
 from .images import ImageError, validate_image
 from .parameters import Settings
 
-__all__ = ["Frame", "JointSample", "Prompt", "CycleInputs", "InputState", "stamp_ns"]
+__all__ = ["Frame", "JointSample", "Prompt", "CycleInputs", "InputState", "Freshness", "stamp_ns",
+           "FUTURE_TOLERANCE_S"]
+
+# A header stamp further than this ahead of the receiving node's clock is a clock-sync problem, not latency.
+FUTURE_TOLERANCE_S = 0.05
 
 
 def stamp_ns(stamp) -> int:
@@ -32,8 +42,12 @@ def stamp_ns(stamp) -> int:
 @dataclass(frozen=True)
 class Frame:
     msg: object                  # the sensor_msgs/Image as received (converted to RGB only when a cycle uses it)
-    capture_ns: int              # header.stamp (stamp_source: header) or receive time
+    capture_ns: int              # header.stamp (stamp_source: header) or receive time; what outputs are stamped with
     recv_ns: int
+    age_ref_ns: int = 0          # the time its age is measured from: capture_ns, or recv_ns when stamped in the future
+
+    def age_ns(self, now_ns: int) -> int:
+        return now_ns - (self.age_ref_ns or self.capture_ns)
 
 
 @dataclass(frozen=True)
@@ -59,10 +73,13 @@ class CycleInputs:
 
 
 class InputState:
-    def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None):
+    def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None,
+                 image_check: Callable[[int, int], str | None] | None = None):
         self.settings = settings
         self.report = report
         self.state_dim_max = state_dim_max
+        self.image_check = image_check           # (height, width) -> why the model cannot use such a frame, or None
+        self.future_max_s = 0.0                  # largest future offset of a header stamp seen (clock skew)
         self.primary_slot = settings.primary_slot
         self._state_names = settings.state_names
         self._state_index = {n: i for i, n in enumerate(self._state_names)}
@@ -77,14 +94,27 @@ class InputState:
     def on_image(self, slot: int, msg, now_ns: int) -> bool:
         """Store the newest frame of ``slot`` if its header is consistent with its data; returns whether stored."""
         self.report.count("frames_received")
+        topic = self.settings.slot_topics[slot]
         try:
             validate_image(msg)
         except ImageError as exc:
-            self.report.reject(f"image_{exc.reason}", f"{self.settings.slot_topics[slot]}: {exc}")
+            self.report.reject(f"image_{exc.reason}", f"{topic}: {exc}")
             return False
-        cap = stamp_ns(msg.header.stamp) if self.settings.stamp_source == "header" else 0
+        why = self.image_check and self.image_check(int(msg.height), int(msg.width))
+        if why:
+            self.report.reject("image_aspect", f"{topic}: {why}")
+            return False
+        cap = (stamp_ns(msg.header.stamp) if self.settings.stamp_source == "header" else 0) or now_ns
+        ref = cap
+        ahead = (cap - now_ns) / 1e9
+        if ahead > FUTURE_TOLERANCE_S:
+            ref = now_ns
+            self.future_max_s = max(self.future_max_s, ahead)
+            self.report.event("future_stamps", f"{topic}: header.stamp is {ahead:.3f} s ahead of this node's clock: "
+                                               "check clock sync (chrony/NTP) between the camera host and this one; "
+                                               "the receive time is used to judge the frame's age")
         with self._cond:
-            self._frames[slot] = Frame(msg, cap or now_ns, now_ns)
+            self._frames[slot] = Frame(msg, cap, now_ns, ref)
             if slot == self.primary_slot:
                 self._primary_seq += 1
                 self._cond.notify_all()
@@ -185,6 +215,14 @@ class InputState:
         with self._cond:
             return self._frames[self.primary_slot]
 
+    def newest_frames(self) -> list:
+        with self._cond:
+            return list(self._frames)
+
+    def newest_joint(self) -> JointSample | None:
+        with self._cond:
+            return self._joint
+
     def queued_prompts(self) -> int:
         with self._cond:
             return len(self._prompts)
@@ -194,3 +232,39 @@ class InputState:
             self._frames = [None, None, None]
             self._joint = None
             self._prompts.clear()
+
+
+class Freshness:
+    """Watches one input's age against ``max_age_s`` and reports transitions: when it goes silent (a WARN log line and
+    one ``<key>`` count per episode), while it stays silent (a reminder every ``repeat_s``) and when it is back (an
+    info line)."""
+
+    def __init__(self, report: Reporter, key: str, what: str, max_age_s: float, repeat_s: float = 5.0,
+                 started_ns: int = 0):
+        self.report, self.key, self.what = report, key, what
+        self.max_age_ns = int(max_age_s * 1e9)
+        self.repeat_s = repeat_s
+        self.started_ns = started_ns             # before any sample, silence counts from here (start-up grace)
+        self.silent_since_ns: int | None = None
+
+    def update(self, age_ns: int | None, now_ns: int, consequence: str) -> bool:
+        """``age_ns`` of the newest sample (None = none yet); returns True while it is too old."""
+        stale = age_ns is None or age_ns > self.max_age_ns
+        in_grace = age_ns is None and now_ns - self.started_ns <= self.max_age_ns
+        if stale and not in_grace:
+            if self.silent_since_ns is None:
+                self.silent_since_ns = self.started_ns if age_ns is None else now_ns - age_ns
+                self.report.count(self.key)
+            age = "no message yet" if age_ns is None else f"newest is {age_ns / 1e9:.2f} s old"
+            self.report.log(self.key, f"{self.what}: {age} (limit {self.max_age_ns / 1e9:g} s): {consequence}",
+                            period_s=self.repeat_s)
+        elif not stale and self.silent_since_ns is not None:
+            gap = (now_ns - self.silent_since_ns) / 1e9
+            self.silent_since_ns = None
+            self.report.log(self.key + ".back", f"{self.what}: receiving again after {gap:.1f} s", level="info",
+                            period_s=0.0)
+        return stale
+
+    def restart(self, now_ns: int) -> None:
+        """Forget the current episode; silence counts from ``now_ns`` (e.g. on activation)."""
+        self.started_ns, self.silent_since_ns = now_ns, None

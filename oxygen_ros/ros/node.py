@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
 from diagnostic_msgs.msg import DiagnosticArray
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -39,7 +41,7 @@ from . import diagnostics as diag
 from . import messages
 from .engine_factory import build_engine
 from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
-from .parameters import PARAMETERS, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor
+from .parameters import PARAMETERS, SLOT_NAMES, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor
 from .pipeline import Pipeline
 
 __all__ = ["OxygenNode", "main", "PARAMETERS"]
@@ -55,15 +57,29 @@ class _Publishers:
         self.tokens = node.create_lifecycle_publisher(LanguageToken, "language/tokens", 100)
         self.response_text = node.create_lifecycle_publisher(String, "conversation/response", 10)
         self.memory_entries = node.create_lifecycle_publisher(MemoryEntry, "memory/entries", 10)
+        self.closed = False
+
+    def close(self) -> None:
+        """Shutdown has begun: drop every later message (threads may still be finishing a cycle)."""
+        self.closed = True
+
+    def publish(self, pub, msg) -> None:
+        if self.closed:
+            return
+        try:
+            pub.publish(msg)
+        except Exception:  # noqa: BLE001 - the context may be going away under a late publish
+            if not self.closed:
+                raise
 
     def token(self, t: TokenOut) -> None:
-        self.tokens.publish(messages.language_token(t))
+        self.publish(self.tokens, messages.language_token(t))
 
     def response(self, r: ResponseOut) -> None:
-        self.response_text.publish(String(data=r.text))
+        self.publish(self.response_text, String(data=r.text))
 
     def memory(self, m: MemoryOut) -> None:
-        self.memory_entries.publish(messages.memory_entry(m))
+        self.publish(self.memory_entries, messages.memory_entry(m))
 
     def chunk(self, c: ChunkOut) -> None:
         pass        # the control loop publishes the buffer's remainder at control_rate_hz
@@ -99,6 +115,7 @@ class OxygenNode(LifecycleNode):
         self._published_chunks = 0
         self._held = 0
         self._cycle_errors_prev = 0
+        self._t_active = time.monotonic()
 
         self._cb_inputs = MutuallyExclusiveCallbackGroup()
         self._cb_control = MutuallyExclusiveCallbackGroup()
@@ -137,6 +154,7 @@ class OxygenNode(LifecycleNode):
     # ------------------------------------------------------------------------------------------------ lifecycle
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         t = time.monotonic()
+        self.get_logger().info("configuring: loading the model and building the engine")
         try:
             self.settings = Settings.from_values({name: self.p(name) for name in PARAMETERS})
             self.pipeline = Pipeline(self.settings, self.pub, clock_ns=self._now_ns, logger=self.get_logger(),
@@ -171,6 +189,7 @@ class OxygenNode(LifecycleNode):
             self._control_thread = threading.Thread(target=self._control_loop, name="oxygen-control", daemon=True)
             self._control_thread.start()
         self._state = "active"
+        self._t_active = time.monotonic()
         self.get_logger().info(
             f"active: {len([t for t in self.settings.slot_topics if t])} camera(s), control "
             f"{self.settings.control_rate_hz:g} Hz, publishing action_chunk, language/tokens, conversation/response, "
@@ -269,6 +288,7 @@ class OxygenNode(LifecycleNode):
         seen_seq, last_cycle = 0, 0.0
         while self._running:
             if not pl.inputs.wait_primary(seen_seq, 0.2, stop=lambda: not self._running):
+                pl.watch()                 # no new frame: still notice (and log) inputs that went silent
                 continue
             if rate > 0:
                 wait = last_cycle + 1.0 / rate - time.monotonic()
@@ -305,8 +325,8 @@ class OxygenNode(LifecycleNode):
         s = pl.sample(now_ns)
         if s is None:
             return
-        self.pub.actions.publish(messages.action_chunk(s, now_ns=now_ns, step_dt=1.0 / self.settings.control_rate_hz,
-                                                       joint_names=pl.action_names))
+        self.pub.publish(self.pub.actions, messages.action_chunk(
+            s, now_ns=now_ns, step_dt=1.0 / self.settings.control_rate_hz, joint_names=pl.action_names))
         self._published_chunks += 1
         if s.held:
             self._held += 1
@@ -318,8 +338,22 @@ class OxygenNode(LifecycleNode):
         now_ns = self._now_ns()
         pl = self.pipeline
         prim = pl.inputs.newest_primary() if pl is not None else None
-        age = None if prim is None else (now_ns - prim.capture_ns) / 1e9
+        age = None if prim is None else prim.age_ns(now_ns) / 1e9
         max_age = float(self.p("max_observation_age_s"))
+        joint = pl.inputs.newest_joint() if pl is not None else None
+        state_age = None if joint is None else (now_ns - joint.recv_ns) / 1e9
+        max_state_age = self.settings.state_age_limit_s if self.settings else 0.0
+        state_required = bool(self.settings and self.settings.state_names)
+        active = self._state == "active"
+        active_s = time.monotonic() - self._t_active if active else 0.0
+        last_chunk = pl.last_chunk_ns if pl is not None else None
+        masked = []
+        if pl is not None and active:
+            for slot, fr in enumerate(pl.inputs.newest_frames()):
+                topic = self.settings.slot_topics[slot]
+                if topic and slot != pl.inputs.primary_slot and (
+                        fr is None and active_s > max_age or fr is not None and fr.age_ns(now_ns) / 1e9 > max_age):
+                    masked.append(SLOT_NAMES[slot])
         em = pl.engine_metrics() if pl is not None else {}
         cyc = sorted(pl.cycle_ms) if pl is not None else []
         wait = sorted(pl.wait_ms) if pl is not None else []
@@ -344,6 +378,13 @@ class OxygenNode(LifecycleNode):
             "stale": self._state == "active" and (age is None and time.monotonic() - self._t_start > 30.0
                                                   or age is not None and age > max_age),
             "stale_behavior": self.p("stale_behavior"),
+            "state_age_s": state_age, "max_state_age_s": max_state_age,
+            "state_stale": active and (state_age is not None and state_age > max_state_age
+                                       or state_age is None and state_required and active_s > max_state_age),
+            "no_chunk_s": None if not active else ((now_ns - last_chunk) / 1e9 if last_chunk else active_s),
+            "active_s": active_s,
+            "future_stamp_max_s": pl.inputs.future_max_s if pl is not None else 0.0,
+            "cameras_masked": masked,
             "cycles": pl.cycles if pl else 0, "cycle_errors": errors, "cycle_errors_delta": err_delta,
             "deadline_misses": pl.deadline_misses if pl else 0,
             "tokens_per_s": pl.token_meter.rate() if pl else 0.0,
@@ -361,7 +402,7 @@ class OxygenNode(LifecycleNode):
             s = self.snapshot()
             s["counters_delta"] = self.counters.delta()
             arr = diag.to_msg(diag.build_statuses(s), stamp=self.get_clock().now().to_msg())
-            self._diag_pub.publish(arr)
+            self.pub.publish(self._diag_pub, arr)
         except Exception as exc:  # noqa: BLE001 - diagnostics must never take the node down
             self.report.log("diagnostics", f"diagnostics failed: {exc}", level="error", period_s=10.0)
 
@@ -399,6 +440,44 @@ def _throttle_python_logging() -> None:
         h.addFilter(f)
 
 
+def _normalize_ros_args(args: list[str]) -> list[str]:
+    """``-p name:=`` (an empty value, e.g. ``-p memory_db:=`` for "not stored") -> ``-p name:=''``: rcl refuses the
+    empty form with a parse error."""
+    out = list(args)
+    for i in range(1, len(out)):
+        if out[i - 1] in ("-p", "--param") and out[i].endswith(":="):
+            out[i] += "''"
+    return out
+
+
+class _ShutdownRequest:
+    """SIGINT / SIGTERM handler: the first signal asks for an orderly shutdown; any further signal while it runs
+    (``ros2 launch`` sends SIGINT twice, supervisors escalate to SIGTERM) is noted and ignored, so shutdown is never
+    interrupted half-way (no KeyboardInterrupt inside cleanup, no rclpy context torn down under running threads)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signals: list[int] = []
+        self.t_first = 0.0
+
+    def __call__(self, signum, frame) -> None:
+        self.signals.append(signum)
+        if not self.event.is_set():
+            self.t_first = time.monotonic()
+        self.event.set()
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self)
+
+
+def _hard_exit(code: int) -> None:
+    """Exit now, without waiting for (or finalising under) a thread still inside torch code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv=None, engine_factory=None) -> int:
     """Entry point of ``oxygen_node`` / ``oxygen node``.  ``argv``: ROS arguments (``--ros-args ...``)."""
     args = list(sys.argv if argv is None else ["oxygen_node", *argv])
@@ -408,41 +487,63 @@ def main(argv=None, engine_factory=None) -> int:
         for name, spec in PARAMETERS.items():
             print(f"  {name:24s} {spec[1]!r:40.40s} {spec[2]}")
         return 0
+    shutdown = _ShutdownRequest()
+    shutdown.install()                 # before anything slow, so an early signal is an orderly shutdown too
     _throttle_python_logging()
     # The control thread must get the GIL promptly while the inference thread runs Python between torch ops:
     # a 1 ms switch interval (default 5 ms) bounds how long it waits for it.
     sys.setswitchinterval(0.001)
-    rclpy.init(args=args)
     try:
+        rclpy.init(args=_normalize_ros_args(args), signal_handler_options=SignalHandlerOptions.NO)
         node = OxygenNode(engine_factory=engine_factory)
-    except Exception as exc:  # noqa: BLE001 - e.g. a parameter outside its declared range
+    except Exception as exc:  # noqa: BLE001 - bad --ros-args, a parameter outside its declared range, ...
         print(f"oxygen_node: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
     executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
-    rc = 0
-    try:
-        if node.p("autostart"):
-            node.trigger_configure()
-            if node._state != "inactive":
-                node.get_logger().fatal(f"autostart: configure failed ({node.configure_error}); exiting with status 2")
-                node._publish_diagnostics()
-                time.sleep(0.2)
-                return 2
+    log = node.get_logger()
+    if node.p("autostart"):
+        # configure in a worker so that a signal during a long model load is still answered within seconds
+        worker = threading.Thread(target=node.trigger_configure, name="oxygen-configure", daemon=True)
+        worker.start()
+        while worker.is_alive() and not shutdown.event.wait(0.05):
+            pass
+        if worker.is_alive():          # a signal while the model is still loading: nothing runs yet, just leave
+            log.info("shutdown requested during configure: exiting")
+            rclpy.try_shutdown()
+            _hard_exit(0)
+            return 0
+        if node._state != "inactive":
+            log.fatal(f"autostart: configure failed ({node.configure_error}); exiting with status 2")
+            node._publish_diagnostics()
+            time.sleep(0.2)
+            node.destroy_node()
+            rclpy.try_shutdown()
+            _hard_exit(2)
+            return 2
+        if not shutdown.event.is_set():
             node.trigger_activate()
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    try:
+        while not shutdown.event.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.1)
+    except ExternalShutdownException:
         pass
-    finally:
-        t = time.monotonic()
-        node.stop_all()
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        rclpy.try_shutdown()
-        if os.environ.get("OXYGEN_DEBUG"):
-            print(f"oxygen_node: shut down in {time.monotonic() - t:.2f} s", file=sys.stderr)
-    return rc
+    t = time.monotonic()
+    node.pub.close()                   # from here on nothing is published (threads may still finish a cycle)
+    node.stop_all()
+    executor.shutdown(timeout_sec=1.0)
+    node.destroy_node()
+    rclpy.try_shutdown()
+    if os.environ.get("OXYGEN_DEBUG"):
+        print(f"oxygen_node: signal(s) {shutdown.signals}; loop left {t - shutdown.t_first:.2f} s after the first, "
+              f"shut down in {time.monotonic() - t:.2f} s", file=sys.stderr)
+    # Everything the node owns is closed now (threads joined, database closed, node destroyed, context shut down).
+    # Skip the interpreter's finalisation: tearing down torch/transformers' object graph takes 1.5 s here with the
+    # tiny model (more with CUDA), which would push a clean exit past launch's 5 s SIGINT->SIGTERM escalation; and if
+    # a long cycle outlived the join timeout, finalising under that thread could crash.
+    _hard_exit(0)
+    return 0
 
 
 if __name__ == "__main__":

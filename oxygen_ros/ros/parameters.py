@@ -49,6 +49,8 @@ PARAMETERS: dict[str, tuple] = {
     "frame_rate_hz": (DOUBLE, 15.0, "Max inference cycles per second; 0 = one per new frame.", (0.0, 1000.0)),
     "max_observation_age_s": (DOUBLE, 0.5, "Frames older than this are not used; no new chunks, diagnostics ERROR.",
                               (0.001, 1.0e6)),
+    "max_state_age_s": (DOUBLE, 0.0, "joint_states older than this are not used (no new chunks, diagnostics "
+                                     "ERROR); 0 = max_observation_age_s.", (0.0, 1.0e6)),
     "stale_behavior": (STRING, "stop", "When the newest chunk is used up: stop publishing, or hold the last action.",
                        ("stop", "hold")),
     "chunk_time_origin": (STRING, "arrival", "Row 0 of a chunk is for the first tick after it is ready (arrival) or "
@@ -173,6 +175,10 @@ class Settings:
     @staticmethod
     def _names(v: list) -> list[str]:
         return [] if all(x == "" for x in v) else list(v)
+
+    @property
+    def state_age_limit_s(self) -> float:
+        return float(self.max_state_age_s or self.max_observation_age_s)
 
     @property
     def state_names(self) -> list[str]:

@@ -6,11 +6,14 @@ node (``ros/node.py``, live DDS, ROS clock) and ``oxygen bag-eval`` (a recorded 
 logic.  ``Pipeline(settings, outputs, clock_ns=..., logger=...)`` builds the engine (``engine_factory``), the
 ``InputState`` (callbacks store inputs there), the ``ChunkBuffer`` (sampled by the control loop) and the
 ``RequestTracker`` (tokens, answers, memory entries -> ``outputs``).  ``step(now_ns)`` runs one cycle:
-take the newest inputs, submit queued conversation prompts, skip the frame if the primary camera's newest frame is
-older than ``max_observation_age_s`` (stale), convert the camera frames, schedule memory / subtask requests on the
-given clock, build the ``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk ->
-buffer, at once, before any language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged
-and skipped; the pipeline keeps serving.  ``sample(now_ns)`` is what the control loop publishes.
+take the newest inputs, submit queued conversation prompts, skip the frame (no new chunk) if the primary camera's
+newest frame is older than ``max_observation_age_s`` or the joint state older than ``max_state_age_s`` (stale),
+convert and resize each camera's frame **in isolation** (a frame that fails masks only its own slot for this cycle;
+only the primary camera can skip a cycle), schedule memory / subtask requests on the given clock, build the
+``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk -> buffer, at once, before any
+language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged and skipped; the pipeline keeps
+serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came back.
+``sample(now_ns)`` is what the control loop publishes.
 """
 from __future__ import annotations
 
@@ -26,14 +29,12 @@ from . import diagnostics as diag
 from .control import ChunkBuffer, ControlSample
 from .engine_factory import BuiltEngine, build_engine
 from .images import ImageError, image_to_rgb8
-from .inputs import InputState
+from .inputs import Freshness, InputState
 from .language import ChunkOut, Outputs, RequestTracker
 from .memory_store import MemoryStore
 from .parameters import SLOT_NAMES, Settings
 
 __all__ = ["Pipeline", "Every"]
-
-_ENGINE_METRICS_RESET_S = 600.0     # the engine keeps per-cycle records; bound them in a long-running node
 
 
 class Every:
@@ -62,14 +63,27 @@ class Pipeline:
         self.clock_ns = clock_ns
         self.logger = logger
         self.counters = counters or diag.Counters()
-        self.report = diag.Reporter(self.counters, logger)
+        self.report = diag.Reporter(self.counters, logger, clock=lambda: clock_ns() / 1e9)   # throttled on our clock
         built = engine_factory(s, on_actions=self._on_actions, on_token=self._on_token,
                                on_finished=self._on_finished)
         self.engine = built.engine
         self.info = built.info
         self.action_dims, self.horizon = int(built.action_dims), int(built.horizon)
         self.action_names = s.action_names
-        self.inputs = InputState(s, self.report, built.state_dim_max)
+        from oxygen_ros.model.processing import resize_with_pad, unusable_image_reason  # noqa: PLC0415
+
+        size = int(built.image_size)
+        self._resize = lambda img: resize_with_pad(img, size, size)
+        self.inputs = InputState(s, self.report, built.state_dim_max,
+                                 image_check=lambda h, w: unusable_image_reason(h, w, size))
+        t0 = clock_ns()
+        self._camera_watch = [Freshness(self.report, f"camera_silent.{SLOT_NAMES[i]}", f"camera {topic!r}",
+                                        s.max_observation_age_s, started_ns=t0) if topic else None
+                              for i, topic in enumerate(s.slot_topics)]
+        self._state_required = bool(s.state_names)      # a policy with named state joints cannot act without them
+        self._state_watch = Freshness(self.report, "state_silent", "joint_states", s.state_age_limit_s,
+                                      started_ns=t0)
+        self.last_chunk_ns: int | None = None           # when the last valid chunk was produced (clock ns)
         self.buffer = ChunkBuffer(1.0 / s.control_rate_hz, blend_steps=s.blend_steps,
                                   stale_behavior=s.stale_behavior, time_origin=s.chunk_time_origin)
         self.memory = MemoryStore(s.memory_db) if s.memory_db else None
@@ -90,7 +104,6 @@ class Pipeline:
         self.cycles = 0
         self.cycle_errors = 0
         self.deadline_misses = 0
-        self._last_metrics_reset = time.monotonic()
 
     # ---------------------------------------------------------------------------------------------- the cycle
     def step(self, now_ns: int | None = None) -> str:
@@ -112,30 +125,27 @@ class Pipeline:
         inp = self.inputs.take()
         for p in inp.prompts:          # queued in the engine even if this frame is skipped
             self.submit("conversation", p.text)
-        max_age_ns = int(s.max_observation_age_s * 1e9)
-        prim = inp.frames[self.inputs.primary_slot]
-        if prim is None or now - prim.capture_ns > max_age_ns:
-            age = "none" if prim is None else f"{(now - prim.capture_ns) / 1e9:.3f} s"
-            self.report.event("cycle_skipped_stale",
-                              f"newest frame is older than max_observation_age_s (age {age}): no inference "
-                              "(if frames do arrive, check clock sync or set stamp_source: receive)")
+        camera_stale, state_stale = self._freshness(inp.frames, inp.joint, now)
+        if camera_stale:
+            self.report.count("cycle_skipped_stale")
             return "stale"
-        self.wait_ms.append((now - prim.capture_ns) / 1e6)
+        if state_stale:
+            self.report.count("cycle_skipped_state_stale")
+            return "stale"
+        prim = inp.frames[self.inputs.primary_slot]
+        self.wait_ms.append(prim.age_ns(now) / 1e6)
         frame_id = prim.msg.header.frame_id or ("camera_" + SLOT_NAMES[self.inputs.primary_slot])
+        max_age_ns = int(s.max_observation_age_s * 1e9)
         images = [None, None, None]
         for slot, fr in enumerate(inp.frames):
-            if fr is None or now - fr.capture_ns > max_age_ns:
-                continue
-            try:
-                images[slot] = image_to_rgb8(fr.msg)
-            except ImageError as exc:      # validated already; only reachable via cv_bridge failures
-                self.report.reject(f"image_{exc.reason}", str(exc))
-                if slot == self.inputs.primary_slot:
-                    return "error"
-        state = None
-        if inp.joint is not None:
-            state = inp.joint.position
-        else:
+            if fr is None or fr.age_ns(now) > max_age_ns:
+                continue                   # a silent camera is masked (Freshness logs it)
+            images[slot] = self._slot_image(slot, fr)
+            if images[slot] is None and slot == self.inputs.primary_slot:
+                self.report.count("cycle_skipped_primary_image")
+                return "error"
+        state = None if inp.joint is None else inp.joint.position
+        if state is None:
             self.report.count("state_missing")
         if self._memory_every.due(now):
             self.submit("memory", s.memory_prompt)
@@ -143,10 +153,9 @@ class Pipeline:
             self.submit("subtask", inp.instruction)
         self._cycle_frame = (prim.capture_ns, frame_id)
         obs = Observation(images=images, state=state, prompt=inp.instruction, stamp=prim.capture_ns / 1e9)
-        if self._inject:
-            fault = self._inject.popleft()
-            if fault == "cycle_exception":
-                raise RuntimeError("injected fault (debug_fault_injection)")
+        if self._inject and self._inject[0] == "cycle_exception":
+            self._inject.popleft()
+            raise RuntimeError("injected fault (debug_fault_injection)")
         t0 = time.perf_counter()
         stats = self.engine.cycle(obs)
         self.cycles += 1
@@ -154,11 +163,46 @@ class Pipeline:
         self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
         if isinstance(stats, dict) and stats.get("deadline_missed"):
             self.deadline_misses += 1
-        if (time.monotonic() - self._last_metrics_reset > _ENGINE_METRICS_RESET_S
-                and hasattr(self.engine, "reset_metrics")):
-            self.engine.reset_metrics()
-            self._last_metrics_reset = time.monotonic()
         return "ran"
+
+    def _slot_image(self, slot: int, fr):
+        """The model-ready RGB image (resized with pad) of one camera's frame, or None (counted, logged per slot)
+        if it cannot be converted: only this slot is masked for this cycle."""
+        name = SLOT_NAMES[slot]
+        try:
+            if self._inject and self._inject[0] == f"image_exception:{slot}":
+                self._inject.popleft()
+                raise RuntimeError("injected image fault (debug_fault_injection)")
+            return self._resize(image_to_rgb8(fr.msg))
+        except Exception as exc:  # noqa: BLE001 - one bad camera must never stop the actions of the others
+            what = ("the cycle is skipped (primary camera)" if slot == self.inputs.primary_slot
+                    else "this camera is masked for this cycle")
+            self.report.event(f"camera_failed.{name}", f"camera {self.settings.slot_topics[slot]!r}: frame cannot "
+                                                       f"be used ({type(exc).__name__}: {exc}); {what}")
+            return None
+
+    def _freshness(self, frames: list, joint, now: int) -> tuple[bool, bool]:
+        """(primary camera stale, joint state stale) at ``now``; logs every input that went silent / came back."""
+        stale = [w.update(None if fr is None else fr.age_ns(now), now,
+                          "no new action chunks (check the camera driver and topic remaps; if frames do arrive, "
+                          "check clock sync or set stamp_source: receive)" if i == self.inputs.primary_slot
+                          else "its slot is masked: the model runs without this camera")
+                 if w is not None else False
+                 for i, (w, fr) in enumerate(zip(self._camera_watch, frames))]
+        state_stale = False
+        if self._state_required or joint is not None:
+            state_stale = self._state_watch.update(None if joint is None else now - joint.recv_ns, now,
+                                                   "no new action chunks (is the joint state publisher running?)")
+        return stale[self.inputs.primary_slot], state_stale
+
+    def watch(self, now_ns: int | None = None) -> tuple[bool, bool]:
+        """Freshness of the inputs without running a cycle (the node calls this while no frame arrives)."""
+        now = self.clock_ns() if now_ns is None else now_ns
+        try:
+            return self._freshness(self.inputs.newest_frames(), self.inputs.newest_joint(), now)
+        except Exception as exc:  # noqa: BLE001 - watching must never stop the inference thread
+            self.report.log("watch", f"input watch failed: {exc}", level="error")
+            return False, False
 
     def submit(self, kind: str, text: str) -> int | None:
         """Queue a language request in the engine; returns its id (None if the engine refused it)."""
@@ -193,6 +237,7 @@ class Pipeline:
         self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index, capture_time=cap_ns / 1e9,
                          ready_time=now_ns / 1e9, latency_ms=res.latency_ms, capture_ns=cap_ns, frame_id=frame_id)
         self.chunk_meter.tick()
+        self.last_chunk_ns = now_ns
         self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id))
 
     def _on_token(self, ev) -> None:
@@ -217,6 +262,10 @@ class Pipeline:
         """Forget received inputs and the current chunk (on activate)."""
         self.inputs.clear()
         self.buffer.clear()
+        now = self.clock_ns()
+        for w in [*self._camera_watch, self._state_watch]:
+            if w is not None:
+                w.restart(now)
 
     def close(self) -> None:
         self.requests.clear()

@@ -394,10 +394,18 @@ def replay_main(argv=None) -> int:
     if a.large_frame_profile:
         from oxygen_ros.ros.harness import use_large_frame_profile  # noqa: PLC0415
         use_large_frame_profile()
+    import signal  # noqa: PLC0415
     import rclpy  # noqa: PLC0415
     from rclpy.executors import ExternalShutdownException  # noqa: PLC0415
+    from rclpy.signals import SignalHandlerOptions  # noqa: PLC0415
 
-    rclpy.init(args=["replay"] + ros_args)
+    # Own SIGINT/SIGTERM handling: rclpy's handler would shut the context down while the player thread publishes
+    # ("publisher's context is invalid", exit 1); here a signal only stops the player, then everything is torn down
+    # in order.  Repeated signals (launch sends two) change nothing.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    rclpy.init(args=["replay"] + ros_args, signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("oxygen_replay")
     rep = BagReplayer(node, bag, rate=a.rate, loop=a.loop, duration=a.duration,
                       restamp=a.restamp and not a.clock, namespace=a.namespace, topics=a.topics, exclude=a.exclude,
@@ -406,20 +414,16 @@ def replay_main(argv=None) -> int:
         s = bag_summary(bag)
         print(f"replaying {bag} ({s['duration_s']:.1f} s, rate {a.rate}, loop {a.loop}, "
               f"restamp {a.restamp}) on {len(rep._pubs)} topics", flush=True)
-    import signal  # noqa: PLC0415
-
-    def _term(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
-    if a.wait > 0 and not rep.wait_for_subscribers(a.wait) and not a.quiet:
+    for sig in (signal.SIGINT, signal.SIGTERM):       # from now on a signal also ends the wait for subscribers
+        signal.signal(sig, lambda *_: (stop.set(), rep._stop.set()))
+    if a.wait > 0 and not rep.wait_for_subscribers(a.wait) and not a.quiet and not stop.is_set():
         print(f"no subscriber after {a.wait:.1f} s; replaying anyway", flush=True)
     rep.start()
     rc = 0
     try:
-        while rep.running and rclpy.ok():
+        while rep.running and rclpy.ok() and not stop.is_set():
             rep.join(0.2)
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except ExternalShutdownException:
         pass
     finally:
         rep.stop()

@@ -1,0 +1,92 @@
+"""Signal storms: ``oxygen_node`` as a separate process must exit with status 0 within 5 s and print no traceback for
+every signal sequence a robot's process manager produces: SIGINT, SIGINT twice 50 ms apart (``ros2 launch`` with a
+non-tty stdin sends two), SIGTERM, SIGINT then SIGTERM (a supervisor escalating mid-shutdown), SIGTERM twice, and a
+signal during *configure* (the model still loading).  The nodes run concurrently (own namespaces) while inference
+cycles and the control loop are busy, fed by a replayed bag; one test per sequence shares that set-up.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from conftest import NodeProcess, require_ros, start_replay, stop_proc
+
+require_ros()
+
+from test_node import BASE_PARAMS, STARTUP_S  # noqa: E402
+
+SEQUENCES = {
+    "sigint": [signal.SIGINT],
+    "sigint_twice": [signal.SIGINT, signal.SIGINT],
+    "sigterm": [signal.SIGTERM],
+    "sigint_then_sigterm": [signal.SIGINT, signal.SIGTERM],
+    "sigterm_twice": [signal.SIGTERM, signal.SIGTERM],
+}
+BAD_OUTPUT = ("Traceback", "terminate called", "RCLError", "context is invalid", "Segmentation fault", "Aborted")
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory, synthetic_bag):
+    tmp = tmp_path_factory.mktemp("signals")
+    params = {**BASE_PARAMS, "memory_db": str(tmp / "memory.db"), "memory_interval_s": 0.5}
+    procs = {name: NodeProcess(tmp / f"{name}.log", params, namespace=f"/sig_{name}") for name in SEQUENCES}
+    replays = [start_replay(synthetic_bag, tmp / f"replay_{name}.log", "--loop", "--namespace", f"sig_{name}",
+                            "--exclude", "/conversation/prompt") for name in SEQUENCES]
+    try:
+        t_end = time.monotonic() + STARTUP_S
+        while time.monotonic() < t_end and not all("active:" in p.log() or not p.alive() for p in procs.values()):
+            time.sleep(0.5)
+        time.sleep(2.0)                     # inference cycles and memory requests running
+        yield procs
+    finally:
+        for r in replays:
+            stop_proc(r)
+        for p in procs.values():
+            if p.alive():
+                p.stop(signal.SIGKILL)
+
+
+def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
+    t = time.monotonic()
+    for i, sig in enumerate(sigs):
+        if i:
+            time.sleep(0.05)
+        if p.proc.poll() is None:
+            p.proc.send_signal(sig)
+    try:
+        rc = p.proc.wait(10.0)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+        p.stop(signal.SIGKILL)
+        rc = None
+    return rc, time.monotonic() - t
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+def test_signal_sequence_exits_cleanly(nodes, name):
+    p = nodes[name]
+    assert p.alive() and "active:" in p.log(), f"node not running before the signals:\n{p.log()[-2000:]}"
+    rc, dt = _deliver(p, SEQUENCES[name])
+    log = p.log()
+    assert rc == 0, f"{name}: exit status {rc}\n{log[-3000:]}"
+    assert dt < 5.0, f"{name}: took {dt:.1f} s to exit"
+    bad = [b for b in BAD_OUTPUT if b in log]
+    assert not bad, f"{name}: {bad} in the node's output:\n{log[-3000:]}"
+
+
+def test_signal_during_configure_exits_cleanly(tmp_path):
+    """SIGINT while the model is still being built (autostart configure): exit 0 quickly, no traceback."""
+    p = NodeProcess(tmp_path / "node.log", {**BASE_PARAMS, "memory_db": "", "preset": "bench-cpu"})
+    try:
+        t_end = time.monotonic() + STARTUP_S
+        while time.monotonic() < t_end and "configur" not in p.log().lower() and p.alive():
+            time.sleep(0.05)
+        rc, dt = _deliver(p, [signal.SIGINT, signal.SIGINT])
+        log = p.log()
+        assert rc == 0, f"exit status {rc}\n{log[-3000:]}"
+        assert dt < 5.0, f"took {dt:.1f} s to exit"
+        assert not [b for b in BAD_OUTPUT if b in log], log[-3000:]
+    finally:
+        if p.alive():
+            p.stop(signal.SIGKILL)
