@@ -2,10 +2,14 @@
 #   make demo   - the main job: the node on a tiny random-weight model fed by a replayed synthetic bag, live metrics
 #   make test   - the test suite (what .ci/run runs)
 # Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench, make clean.
+# ROS_LAUNCH_WHEELS=<dir>: also install the ROS 2 launch tooling wheels in <dir> (launch, launch_ros, launch_pytest,
+#   ros2launch, ...; not on PyPI, see <dir>/README.md) so test/test_launch_*.py run; .ci/run sets it when
+#   ../shared/ros-launch exists. Unset: launch comes from a ROS install, or those tests skip visibly.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+ROS_LAUNCH_WHEELS ?=
 # ament_index_python needs this (the PyPI wheels don't set it); the package share dir lives at $(VENV)/share.
 export AMENT_PREFIX_PATH := $(abspath $(VENV))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -14,7 +18,7 @@ PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg oxygen_ros l
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 .PHONY: setup test demo bench ros-bench clean
-setup: $(VENV)/.package-stamp
+setup: $(VENV)/.package-stamp $(if $(ROS_LAUNCH_WHEELS),$(VENV)/.launch-stamp)
 
 # Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
 $(VENV)/.deps-stamp: requirements.txt requirements-build.txt
@@ -25,6 +29,15 @@ $(VENV)/.deps-stamp: requirements.txt requirements-build.txt
 # The package itself: CMake generates the messages; pip installs code, messages, launch/, config/, ament index.
 $(VENV)/.package-stamp: $(VENV)/.deps-stamp $(PKG_SOURCES)
 	$(PY) -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+	touch $@
+
+# The ROS 2 launch tooling wheels (--no-deps: their requirements come with the PyPI ROS wheels, except
+# requirements-launch.txt), then a consistency check of the whole environment.
+$(VENV)/.launch-stamp: $(VENV)/.deps-stamp requirements-launch.txt $(wildcard $(ROS_LAUNCH_WHEELS)/*.whl)
+	@test -n "$$(ls $(ROS_LAUNCH_WHEELS)/*.whl 2>/dev/null)" || { echo "ROS_LAUNCH_WHEELS=$(ROS_LAUNCH_WHEELS): no wheels there" >&2; exit 1; }
+	$(PY) -m pip install -q --no-deps $(ROS_LAUNCH_WHEELS)/*.whl
+	$(PY) -m pip install -q -r requirements-launch.txt
+	$(PY) -m pip check
 	touch $@
 
 test: setup

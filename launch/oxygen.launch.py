@@ -9,8 +9,8 @@ This file owns how the node is launched on a ROS 2 install.  Arguments (all opti
   camera_base, camera_left_wrist, camera_right_wrist
                       remap the three camera inputs to your topics (e.g. camera_base:=/cam0/color/image_raw)
   joint_states        remap the joint state input
-  use_sim_time        true to follow /clock (e.g. `ros2 bag play --clock`)
-  autostart           false to leave configure/activate to a lifecycle manager
+  use_sim_time        true to follow /clock (e.g. `ros2 bag play --clock`); "" = params file (default false)
+  autostart           false to leave configure/activate to a lifecycle manager ("" = params file)
   stamp_source        header | receive: where the observation capture time comes from ("" = params file)
   fastdds_profile     Fast DDS XML profile for the node's process (e.g. <share>/oxygen_ros/config/
                       fastdds_large_frames.xml; what matters for big frames is the camera driver's profile)
@@ -24,6 +24,7 @@ from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
 _OVERRIDES = ("checkpoint", "preset", "device", "stamp_source")
+_BOOL_OVERRIDES = ("use_sim_time", "autostart")
 _CAMERAS = {"camera_base": "camera/base/image_raw", "camera_left_wrist": "camera/left_wrist/image_raw",
             "camera_right_wrist": "camera/right_wrist/image_raw"}
 
@@ -31,10 +32,7 @@ _CAMERAS = {"camera_base": "camera/base/image_raw", "camera_left_wrist": "camera
 def _node(context, *args, **kwargs):
     get = lambda name: LaunchConfiguration(name).perform(context)  # noqa: E731
     overrides = {name: get(name) for name in _OVERRIDES if get(name) != ""}
-    overrides["use_sim_time"] = get("use_sim_time").lower() in ("true", "1", "yes")
-    autostart = get("autostart")
-    if autostart != "":
-        overrides["autostart"] = autostart.lower() in ("true", "1", "yes")
+    overrides.update({name: get(name).lower() in ("true", "1", "yes") for name in _BOOL_OVERRIDES if get(name) != ""})
     remaps = [(topic, get(arg)) for arg, topic in _CAMERAS.items() if get(arg) != ""]
     if get("joint_states") != "":
         remaps.append(("joint_states", get("joint_states")))
@@ -60,7 +58,7 @@ def generate_launch_description():
         DeclareLaunchArgument("device", default_value="", description="cpu | cuda | cuda:N | auto"),
         DeclareLaunchArgument("params_file", default_value=default_params, description="parameter YAML"),
         DeclareLaunchArgument("namespace", default_value="", description="node namespace"),
-        DeclareLaunchArgument("use_sim_time", default_value="false", description="follow /clock"),
+        DeclareLaunchArgument("use_sim_time", default_value="", description="follow /clock (\"\" = params file)"),
         DeclareLaunchArgument("autostart", default_value="", description="configure+activate at start"),
         DeclareLaunchArgument("joint_states", default_value="", description="remap joint_states"),
         DeclareLaunchArgument("fastdds_profile", default_value="", description="Fast DDS XML profile for the node"),

@@ -2,11 +2,13 @@
 
 This file owns test-session plumbing only (no test logic).  At import it gives the whole session (and every
 subprocess it starts) its own ``ROS_DOMAIN_ID`` derived from the pid, ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``,
-``PYTHONPATH`` with the source tree and ``AMENT_PREFIX_PATH`` (PyPI ROS wheels do not set it).  Helpers:
+``PYTHONPATH`` with the source tree, ``AMENT_PREFIX_PATH`` (PyPI ROS wheels do not set it) and the interpreter's
+``bin/`` first on ``PATH`` (``ros2 run``/``launch`` start ``#!/usr/bin/env python3`` scripts).  Helpers:
 ``NodeProcess`` (start ``python -m oxygen_ros.ros.node`` with ``config/oxygen.yaml`` plus overrides, log to a file,
 stop with SIGINT/SIGTERM and measure the exit time), ``start_replay`` (``oxygen replay`` as a process), the
 ``ros`` fixture (an in-process rclpy node spun in a background thread, with ``collect``/``publisher``/``wait_for``
-helpers) and ``synthetic_bag`` (a short bag made once per session).  Tests needing ROS skip visibly when rclpy or the
+helpers), ``ProcessWatch`` (every process started below this one, recorded while alive, so orphans are found and
+killed) and ``synthetic_bag`` (a short bag made once per session).  Tests needing ROS skip visibly when rclpy or the
 generated ``oxygen_ros.msg`` cannot be imported.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.
                                                           if p and p != str(REPO)])
 if not os.environ.get("AMENT_PREFIX_PATH"):
     os.environ["AMENT_PREFIX_PATH"] = sys.prefix
+_BIN = str(Path(sys.executable).parent)
+os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != _BIN])
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 os.environ.setdefault("RCUTILS_COLORIZED_OUTPUT", "0")
 
@@ -90,6 +94,7 @@ class RosHelper:
             rclpy.init()
         self.node = rclpy.create_node(f"oxygen_test_{os.getpid()}")
         self._subs: list = []
+        self._collected: dict = {}      # id(list returned by collect) -> its subscription
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
         self._stop = threading.Event()
@@ -116,7 +121,14 @@ class RosHelper:
                 if keep and len(out) > keep:
                     del out[: len(out) - keep]
         self._subs.append(self.node.create_subscription(msg_type, topic, cb, qos))
+        self._collected[id(out)] = self._subs[-1]
         return out
+
+    def uncollect(self, out: list) -> None:
+        """Destroy the subscription that fills ``out`` (a list returned by ``collect``)."""
+        sub = self._collected.pop(id(out))
+        self._subs.remove(sub)
+        self.node.destroy_subscription(sub)
 
     def publisher(self, msg_type, topic: str, qos=10):
         return self.node.create_publisher(msg_type, topic, qos)
@@ -138,6 +150,101 @@ class RosHelper:
         self._thread.join(2)
         self.executor.shutdown()
         self.node.destroy_node()
+
+
+class ProcessWatch:
+    """Every process started below this test process while the watch runs, so none can escape as an orphan.
+
+    A process whose parent dies without stopping it (e.g. the child of ``ros2 run`` when launch signals only
+    ``ros2``) is re-parented to init and is no longer a descendant; so a thread samples the process tree (``/proc``,
+    Linux) every ``period`` s and remembers each new descendant by (pid, start time), which pid reuse cannot fool.
+    ``alive()`` lists the recorded processes still running, ``kill()`` SIGKILLs them (the fixture's safety net)."""
+
+    def __init__(self, period: float = 0.1):
+        self.period = period
+        self.seen: dict[tuple[int, int], str] = {}       # (pid, start time in clock ticks) -> command line
+        self._before = set(self._descendants())            # already running: not this watch's
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _stat(pid: int) -> tuple[int, int, str] | None:
+        """(parent pid, start time, state) of a live process, None if gone."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()    # after "pid (comm)": state ppid ... starttime
+        except (OSError, IndexError):
+            return None
+        return int(fields[1]), int(fields[19]), fields[0]
+
+    @staticmethod
+    def _cmdline(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _descendants(self) -> list[tuple[int, int]]:
+        children: dict[int, list[tuple[int, int]]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                st = self._stat(int(entry))
+                if st is not None and st[2] != "Z":
+                    children.setdefault(st[0], []).append((int(entry), st[1]))
+        out, todo = [], [os.getpid()]
+        while todo:
+            for key in children.get(todo.pop(), []):
+                out.append(key)
+                todo.append(key[0])
+        return out
+
+    def sample(self) -> None:
+        for key in self._descendants():
+            if key not in self._before and key not in self.seen:
+                self.seen[key] = self._cmdline(key[0])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def alive(self) -> dict[tuple[int, int], str]:
+        """The recorded processes still running (not zombies): {(pid, start time): command line}."""
+        out = {}
+        for key, cmd in self.seen.items():
+            st = self._stat(key[0])
+            if st is not None and st[1] == key[1] and st[2] != "Z":
+                out[key] = cmd
+        return out
+
+    def wait_gone(self, timeout: float) -> dict[tuple[int, int], str]:
+        """Wait up to ``timeout`` s for every recorded process to exit; return those still running."""
+        t_end = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < t_end:
+            time.sleep(0.1)
+        return self.alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+    def kill(self) -> None:
+        for pid, _ in self.alive():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def process_watch():
+    """A ``ProcessWatch`` for one test; at teardown it SIGKILLs whatever the test left running (even on failure)."""
+    w = ProcessWatch()
+    yield w
+    w.stop()
+    w.sample()
+    w.kill()
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
 """Tests of ``oxygen_ros/tools/bags.py``: synthetic bags in both storages (topics, counts, moving content, stamps,
 readable back with the ROS 2 types), the CDR restamp helper, and ``oxygen replay`` as a separate process delivering
-every message over real DDS at recorded timing with restamped ``header.stamp``.  No model involved."""
+every message over real DDS at recorded timing with restamped ``header.stamp``, and exiting with status 0 and no
+traceback on every signal sequence launch can send it.  No model involved."""
 from __future__ import annotations
 
+import signal
 import struct
 import time
 
@@ -86,6 +88,39 @@ def test_replay_process_delivers_at_recorded_timing(ros, synthetic_bag, tmp_path
     gaps = np.diff(recv)
     assert 0.04 < float(np.median(gaps)) < 0.1          # ~1/15 s
     assert imgs[0][1].width == 224 and len(imgs[0][1].data) == 224 * 224 * 3
+
+
+SIGNAL_SEQUENCES = [("SIGINT",), ("SIGINT", "SIGINT"), ("SIGTERM",), ("SIGINT", "SIGTERM")]
+
+
+def test_replay_process_exits_cleanly_on_signals(ros, synthetic_bag, tmp_path):
+    """launch stops a player with SIGINT (SIGTERM 5 s later if it is still running); a Ctrl-C under ``ros2 launch``
+    reaches it twice (the terminal's and launch's). Each sequence, 50 ms apart, must end in exit 0 within 5 s.
+    One replay process per sequence, all at once (each in its own namespace)."""
+    from conftest import start_replay, stop_proc
+    from sensor_msgs.msg import JointState
+
+    runs = []
+    for signals in SIGNAL_SEQUENCES:
+        ns = "sig_" + "_".join(signals).lower()
+        log = tmp_path / f"{ns}.log"
+        runs.append((signals, log, ros.collect(JointState, f"/{ns}/joint_states", qos=100),
+                     start_replay(synthetic_bag, log, "--loop", "--wait", "0", "--namespace", ns)))
+    results = {}
+    try:
+        for signals, log, joints, p in runs:
+            assert ros.wait_for(lambda: len(joints) > 0, 60), f"replay did not start publishing: {log.read_text()}"
+            t = time.monotonic()
+            for i, name in enumerate(signals):
+                time.sleep(0.05 if i else 0.0)
+                p.send_signal(getattr(signal, name))
+            rc = p.wait(10)
+            results["+".join(signals)] = (rc, round(time.monotonic() - t, 2), "Traceback" in log.read_text())
+    finally:
+        for _, _, joints, p in runs:
+            stop_proc(p)
+            ros.uncollect(joints)
+    assert all(rc == 0 and took < 5.0 and not tb for rc, took, tb in results.values()), results
 
 
 def test_replay_rejects_non_bag(tmp_path):

@@ -1,9 +1,10 @@
-"""Structural tests of ``launch/*.launch.py`` that run without ROS 2 ``launch`` (not installable from PyPI here):
-each launch file is executed against small recording stand-ins for the ``launch`` / ``launch_ros`` classes it uses,
-and the test checks the declared arguments, that only non-empty arguments override the params file, the camera
-remaps, the namespace, the default params file (``<share>/oxygen_ros/config/oxygen.yaml``), and the replay player
-command lines.  Also checks that ``config/oxygen.yaml`` lists exactly the node's declared parameters with values of
-the declared types.  On a real ROS install ``test_launch_oxygen.py`` runs the launch files for real.
+"""Structural tests of ``launch/*.launch.py`` that run without ROS 2 ``launch`` (not on PyPI): each launch file is
+executed against small recording stand-ins for the ``launch`` / ``launch_ros`` classes it uses, and the test checks
+the declared arguments, that only non-empty arguments override the params file, the camera remaps, the namespace,
+the default params file (``<share>/oxygen_ros/config/oxygen.yaml``), and the replay player command lines (the
+``oxygen`` player is the package's executable itself, not ``ros2 run``; ``--clock`` with sim time; ``stamp_source``
+passed through).  Also checks that ``config/oxygen.yaml`` lists exactly the node's declared parameters with values of
+the declared types.  ``test_launch_oxygen.py`` runs the launch files for real where ROS 2 launch is installed.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def _stub_modules():
     mod("launch.launch_description_sources", PythonLaunchDescriptionSource=rec("PythonLaunchDescriptionSource"))
     mod("launch_ros")
     mod("launch_ros.actions", Node=rec("Node"))
-    mod("launch_ros.substitutions", FindPackageShare=rec("FindPackageShare"))
+    mod("launch_ros.substitutions", FindPackageShare=rec("FindPackageShare"),
+        ExecutableInPackage=rec("ExecutableInPackage"))
     return mods
 
 
@@ -103,7 +105,7 @@ def test_oxygen_launch(load_launch):
     assert node.kwargs["package"] == "oxygen_ros" and node.kwargs["executable"] == "oxygen_node"
     params_file, overrides = node.kwargs["parameters"]
     assert params_file.endswith("config/oxygen.yaml")
-    assert overrides == {"use_sim_time": False}, "empty arguments must not override the params file"
+    assert overrides == {}, "empty arguments must not override the params file"
     assert node.kwargs["additional_env"] is None
     assert node.kwargs["remappings"] == [] and node.kwargs["namespace"] == ""
 
@@ -115,6 +117,8 @@ def test_oxygen_launch(load_launch):
     assert node.kwargs["namespace"] == "robot1"
     assert ("camera/base/image_raw", "/cam0/color/image_raw") in node.kwargs["remappings"]
     assert ("camera/right_wrist/image_raw", "/cam2/image") in node.kwargs["remappings"]
+    (node,) = opaque[0].kwargs["function"](_defaults(declared, use_sim_time="false", autostart="False"))
+    assert node.kwargs["parameters"][1] == {"use_sim_time": False, "autostart": False}
 
 
 def test_replay_launch(load_launch):
@@ -128,11 +132,25 @@ def test_replay_launch(load_launch):
     assert args["stamp_source"] == "receive" and args["namespace"] == "r1"
     assert proc.kwargs["additional_env"]["FASTDDS_DEFAULT_PROFILES_FILE"].endswith(
         "oxygen_ros/config/fastdds_large_frames.xml")
+    assert "--clock" not in cmd
+    include, proc = opaque[0].kwargs["function"](_defaults(declared, bag="/bags/demo", use_sim_time="true"))
+    assert proc.kwargs["cmd"][-2:] == ["--clock", "100"], "sim time needs a /clock"
+    assert dict(include.kwargs["launch_arguments"])["stamp_source"] == "", "bag stamps are right on the bag clock"
+    include, proc = opaque[0].kwargs["function"](_defaults(declared, bag="/bags/demo", stamp_source="header"))
+    assert dict(include.kwargs["launch_arguments"])["stamp_source"] == "header", "a given stamp_source is kept"
+
     include, proc = opaque[0].kwargs["function"](_defaults(declared, bag="/bags/demo", player="oxygen",
                                                            loop="false"))
-    assert proc.kwargs["cmd"][:6] == ["ros2", "run", "oxygen_ros", "oxygen", "replay", "/bags/demo"]
-    assert "--loop" not in proc.kwargs["cmd"]
-    assert "stamp_source" not in dict(include.kwargs["launch_arguments"])
+    exe, *cmd = proc.kwargs["cmd"]
+    # the player process itself (launch's SIGINT must reach it), not `ros2 run`, which does not pass it on
+    assert type(exe).__name__ == "ExecutableInPackage" and exe.args == ("oxygen", "oxygen_ros")
+    assert cmd[:2] == ["replay", "/bags/demo"] and "--loop" not in cmd and "--clock" not in cmd
+    args = dict(include.kwargs["launch_arguments"])
+    assert args["stamp_source"] == "" and args["use_sim_time"] == ""
+    include, proc = opaque[0].kwargs["function"](_defaults(declared, bag="/bags/demo", player="oxygen",
+                                                           use_sim_time="true", clock_hz="250", namespace="/r2"))
+    assert proc.kwargs["cmd"][-4:] == ["--namespace", "r2", "--clock", "250"]
+    assert dict(include.kwargs["launch_arguments"])["use_sim_time"] == "true"
 
 
 def test_config_yaml_matches_declared_parameters():

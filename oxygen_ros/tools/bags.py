@@ -305,6 +305,14 @@ class BagReplayer:
             msg.clock.sec, msg.clock.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
             self._clock_pub.publish(msg)
 
+    def request_stop(self) -> None:
+        """Ask the playback to end (returns at once; safe in a signal handler); ``stop`` also waits for it."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         for th in (self._thread, self._clock_thread):
@@ -395,36 +403,30 @@ def replay_main(argv=None) -> int:
         from oxygen_ros.ros.harness import use_large_frame_profile  # noqa: PLC0415
         use_large_frame_profile()
     import signal  # noqa: PLC0415
+
     import rclpy  # noqa: PLC0415
-    from rclpy.executors import ExternalShutdownException  # noqa: PLC0415
     from rclpy.signals import SignalHandlerOptions  # noqa: PLC0415
 
-    # Own SIGINT/SIGTERM handling: rclpy's handler would shut the context down while the player thread publishes
-    # ("publisher's context is invalid", exit 1); here a signal only stops the player, then everything is torn down
-    # in order.  Repeated signals (launch sends two) change nothing.
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    # SIGINT/SIGTERM (any number, in any order: a Ctrl-C under `ros2 launch` arrives twice) only ask the replay to
+    # stop; this function then shuts down in order and returns 0, so rclpy's own handlers are not installed
     rclpy.init(args=["replay"] + ros_args, signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("oxygen_replay")
     rep = BagReplayer(node, bag, rate=a.rate, loop=a.loop, duration=a.duration,
                       restamp=a.restamp and not a.clock, namespace=a.namespace, topics=a.topics, exclude=a.exclude,
                       clock_hz=a.clock)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: rep.request_stop())
     if not a.quiet:
         s = bag_summary(bag)
         print(f"replaying {bag} ({s['duration_s']:.1f} s, rate {a.rate}, loop {a.loop}, "
               f"restamp {a.restamp}) on {len(rep._pubs)} topics", flush=True)
-    for sig in (signal.SIGINT, signal.SIGTERM):       # from now on a signal also ends the wait for subscribers
-        signal.signal(sig, lambda *_: (stop.set(), rep._stop.set()))
-    if a.wait > 0 and not rep.wait_for_subscribers(a.wait) and not a.quiet and not stop.is_set():
+    if a.wait > 0 and not rep.wait_for_subscribers(a.wait) and not a.quiet and not rep.stop_requested:
         print(f"no subscriber after {a.wait:.1f} s; replaying anyway", flush=True)
     rep.start()
     rc = 0
     try:
-        while rep.running and rclpy.ok() and not stop.is_set():
+        while rep.running:
             rep.join(0.2)
-    except ExternalShutdownException:
-        pass
     finally:
         rep.stop()
         if rep.error is not None:
@@ -435,6 +437,8 @@ def replay_main(argv=None) -> int:
         node.destroy_node()
         if rclpy.ok():
             rclpy.shutdown()
+        for sig in (signal.SIGINT, signal.SIGTERM):     # nothing left to stop; the interpreter's exit would
+            signal.signal(sig, signal.SIG_IGN)           # restore the default handlers (killed by a late signal)
     return rc
 
 
