@@ -1,7 +1,8 @@
 # The two commands of the README, each doing all set-up itself on a fresh machine:
 #   make demo   - the main job: the node on a tiny random-weight model fed by a replayed synthetic bag, live metrics
 #   make test   - the test suite (what .ci/run runs)
-# Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench, make clean.
+# Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench,
+# make golden (regenerate the bag-eval golden output, test/bag_golden.py), make clean.
 # ROS_LAUNCH_WHEELS=<dir>: also install the ROS 2 launch tooling wheels in <dir> (launch, launch_ros, launch_pytest,
 #   ros2launch, ...; not on PyPI, see <dir>/README.md) so test/test_launch_*.py run; .ci/run sets it when
 #   ../shared/ros-launch exists. Unset: launch comes from a ROS install, or those tests skip visibly.
@@ -17,7 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg oxygen_ros launch config scripts -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: setup test demo bench ros-bench clean
+.PHONY: setup test demo bench ros-bench golden clean
 setup: $(VENV)/.package-stamp $(if $(ROS_LAUNCH_WHEELS),$(VENV)/.launch-stamp)
 
 # Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
@@ -51,6 +52,10 @@ bench: setup
 
 ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
+
+# Only when a change of the node's outputs is intended (see test/bag_golden.py and the README).
+golden: setup
+	$(PY) test/bag_golden.py
 
 clean:
 	rm -rf build dist *.egg-info

@@ -23,7 +23,7 @@ def _oxygen(*args, timeout=240):
 
 def test_cli_entry_points_exist():
     from oxygen_ros.tools.cli import COMMANDS
-    for name in ("node", "demo", "make-bag", "replay", "ros-bench"):
+    for name in ("node", "demo", "make-bag", "replay", "ros-bench", "bag-eval", "bag-diff"):
         module, func = COMMANDS[name]
         assert callable(getattr(importlib.import_module(module), func)), name
 

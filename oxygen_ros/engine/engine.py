@@ -12,6 +12,7 @@ pending queue, oldest dropped when full); an exception inside a cycle frees what
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import warnings
@@ -106,6 +107,7 @@ class Engine:
         self._metrics = Metrics(self.cfg.action_horizon)
         self._lock = threading.Lock()
         self._pending: deque[LanguageRequest] = deque()
+        self._request_ids = itertools.count(1)      # per engine: a replayed run numbers its requests the same way
         self._dropped: list[LanguageRequest] = []
         self._noise_gen = torch.Generator(device="cpu")
         self._noise_gen.manual_seed(config.seed)
@@ -132,12 +134,12 @@ class Engine:
     # ------------------------------------------------------------------ thread-safe submission
     def submit(self, kind: str, prompt: str = "", max_new_tokens: Optional[int] = None, *,
                eos_token_id: Optional[int] = None) -> int:
-        """Queue a language request for the next cycle; returns its id. Raises ValueError for an unknown kind or a
+        """Queue a language request for the next cycle; returns its id (1, 2, ... per engine). Raises ValueError for an unknown kind or a
         bad max_new_tokens. When the pending queue is full the *oldest* pending request is dropped (reported through
         on_finished with finish_reason 'dropped' during the next cycle). Thread-safe."""
-        req = LanguageRequest(kind, prompt or "", int(max_new_tokens or self.config.max_new_tokens),
-                              eos_token_id=eos_token_id)
         with self._lock:
+            req = LanguageRequest(kind, prompt or "", int(max_new_tokens or self.config.max_new_tokens),
+                                  request_id=next(self._request_ids), eos_token_id=eos_token_id)
             self._pending.append(req)
             while len(self._pending) > self.config.max_pending:
                 self._dropped.append(self._pending.popleft())

@@ -9,7 +9,8 @@ is written with ``rosbags`` (pure Python); the ``oxygen_ros`` message types are 
 ``msg/`` so bags recorded on a robot with our topics can be read too. ``oxygen replay BAG`` (``replay_main``; class
 ``BagReplayer``) republishes the recorded CDR bytes unchanged through rclpy at recorded timing (``--rate``,
 ``--loop``, ``--duration``, ``--namespace``, ``--clock HZ`` to publish ``/clock`` in bag time for ``use_sim_time``
-nodes, like ``ros2 bag play --clock``; time jumps back when a loop restarts). By default it restamps:
+nodes, like ``ros2 bag play --clock``; time jumps back when a loop restarts; ``--record OUT`` also records the
+node's outputs into an output bag with ``oxygen bag-eval``'s layout, ``tools/recorder.py``). By default it restamps:
 ``header.stamp`` of every message that starts with a ``std_msgs/Header`` is overwritten in the CDR bytes with the
 current ROS time at publication (so the node's observation-age checks see live data and published chunks carry the
 replayed frames' new capture times); ``--no-restamp`` keeps the recorded stamps (the node will then treat them as
@@ -297,10 +298,9 @@ class BagReplayer:
         while not self._stop.wait(period):
             if self._thread is not None and not self._thread.is_alive():
                 return
-            o = self._origin
-            if o is None:
+            ns = self.bag_time_ns()
+            if ns is None:
                 continue
-            ns = o[1] + int((time.monotonic() - o[0]) * self.rate * 1e9)
             msg = self._Clock()
             msg.clock.sec, msg.clock.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
             self._clock_pub.publish(msg)
@@ -312,6 +312,11 @@ class BagReplayer:
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    def bag_time_ns(self) -> int | None:
+        """The bag time being played now (None before the first message)."""
+        o = self._origin
+        return None if o is None else o[1] + int((time.monotonic() - o[0]) * self.rate * 1e9)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -390,6 +395,15 @@ def replay_main(argv=None) -> int:
     p.add_argument("--no-large-frame-profile", dest="large_frame_profile", action="store_false",
                    help="do not point Fast DDS at config/fastdds_large_frames.xml (default: do, unless "
                         "FASTDDS_DEFAULT_PROFILES_FILE is set): frames over ~512 KiB need its 32 MiB SHM segment")
+    p.add_argument("--record", default="", metavar="OUT",
+                   help="also record the node's outputs (action_chunk: first message of each chunk, language/tokens, "
+                        "conversation/response, memory/entries) into the output bag OUT, the layout of bag-eval")
+    p.add_argument("--record-storage", choices=("mcap", "sqlite3"), default="mcap")
+    p.add_argument("--record-every-tick", action="store_true",
+                   help="record every action_chunk message (default: the first of each chunk_id)")
+    p.add_argument("--record-tail", type=float, default=3.0, metavar="S",
+                   help="keep recording this many seconds after the replay ends (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --record directory")
     p.add_argument("--quiet", action="store_true")
     a, ros_args = p.parse_known_args(argv)
     bag = a.bag
@@ -420,15 +434,44 @@ def replay_main(argv=None) -> int:
         s = bag_summary(bag)
         print(f"replaying {bag} ({s['duration_s']:.1f} s, rate {a.rate}, loop {a.loop}, "
               f"restamp {a.restamp}) on {len(rep._pubs)} topics", flush=True)
+    out_bag = None
+    if a.record:
+        from .output_bag import OutputBag  # noqa: PLC0415
+        from .recorder import OutputRecorder  # noqa: PLC0415
+        from .topic_names import TopicNames  # noqa: PLC0415
+        try:
+            out_bag = OutputBag(a.record, TopicNames(a.namespace or "/"), storage=a.record_storage,
+                                overwrite=a.overwrite)
+        except FileExistsError as exc:
+            print(f"oxygen replay: {exc}", file=sys.stderr)
+            node.destroy_node()
+            rclpy.shutdown()
+            return 2
+        wall = lambda: node.get_clock().now().nanoseconds  # noqa: E731
+        recorder = OutputRecorder(node, out_bag, (lambda: rep.bag_time_ns() or wall()) if a.clock else wall,
+                                  every_tick=a.record_every_tick)
     if a.wait > 0 and not rep.wait_for_subscribers(a.wait) and not a.quiet and not rep.stop_requested:
         print(f"no subscriber after {a.wait:.1f} s; replaying anyway", flush=True)
     rep.start()
     rc = 0
     try:
-        while rep.running:
-            rep.join(0.2)
+        if out_bag is None:
+            while rep.running:
+                rep.join(0.2)
+        else:           # the recorder's callbacks run here
+            t_tail = None
+            # after the bag ends, keep recording for record_tail s (late outputs); a signal ends it at once
+            while rclpy.ok() and not rep.stop_requested and (t_tail is None or time.monotonic() < t_tail):
+                rclpy.spin_once(node, timeout_sec=0.05)
+                if t_tail is None and not rep.running:
+                    t_tail = time.monotonic() + a.record_tail
     finally:
         rep.stop()
+        if out_bag is not None:
+            out_bag.close()
+            if not a.quiet:
+                print(f"recorded {sum(out_bag.counts.values())} messages ({recorder.received} received) -> "
+                      f"{a.record}: " + ", ".join(f"{k} {v}" for k, v in sorted(out_bag.counts.items())), flush=True)
         if rep.error is not None:
             print(f"oxygen replay: {rep.error!r}", file=sys.stderr)
             rc = 1

@@ -4,7 +4,10 @@
   oxygen demo [...]             the main job: node + replayed synthetic bag + questions + live metrics + plot
   oxygen bench [...]            engine benchmark: isolated vs shared vs oxygen, side by side (no ROS needed)
   oxygen make-bag [...]         write a synthetic multi-camera rosbag2
-  oxygen replay BAG [...]       republish a bag's raw messages at recorded timing (no `ros2 bag` needed)
+  oxygen replay BAG [...]       republish a bag's raw messages at recorded timing (no `ros2 bag` needed);
+                                --record OUT also records the node's outputs
+  oxygen bag-eval BAG [...]     run a bag through the node's inference path offline, deterministically -> output bag
+  oxygen bag-diff A B [...]     compare two output bags (actions per joint, texts per answer); exit 1 if they differ
   oxygen ros-bench [...]        control-topic rate, jitter and camera-to-chunk latency through real DDS
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` runs on a machine without ROS.
@@ -19,6 +22,8 @@ COMMANDS = {
     "bench": ("oxygen_ros.engine.bench", "main"),
     "make-bag": ("oxygen_ros.tools.bags", "make_bag_main"),
     "replay": ("oxygen_ros.tools.bags", "replay_main"),
+    "bag-eval": ("oxygen_ros.tools.bag_eval", "main"),
+    "bag-diff": ("oxygen_ros.tools.bag_diff", "main"),
     "ros-bench": ("oxygen_ros.tools.ros_bench", "main"),
 }
 
