@@ -11,7 +11,8 @@ control ERROR when the node is not active, the newest observation is older than 
 (cameras stopped) or no chunk was ever produced after a grace period; WARN when the measured control rate is below
 80% of the configured rate.  inference ERROR when configure failed; WARN when cycles failed during the last period.
 language WARN when prompts were dropped/truncated/rejected during the last period.  inputs WARN when inputs were
-rejected during the last period (the totals stay in the values).
+rejected during the last period (the totals stay in the values).  memory (``memory_status``): WARN while the memory
+database fails or after a corrupt one was replaced, ERROR when entries were lost.
 """
 from __future__ import annotations
 
@@ -231,7 +232,32 @@ def build_statuses(s: dict) -> list[Status]:
     else:
         lvl, msg = OK, "inputs ok"
     out.append(Status("oxygen_node: inputs", lvl, msg, vals))
+    if s.get("memory") is not None:
+        out.append(memory_status(s["memory"], int(delta.get("memory_lost", 0) or 0)))
     return out
+
+
+def memory_status(m: dict, lost_recently: int = 0) -> Status:
+    """``oxygen_node: memory`` from ``MemoryLog.status()``: OK while entries are stored (or memory_db is ""); WARN
+    while the database fails or cannot be opened (entries wait in memory) and after a corrupt file was moved aside;
+    ERROR when entries were lost from a full backlog during the last period.  Every message names the file."""
+    vals = {k: m.get(k, "") for k in ("path", "state", "entries_in_db", "stored_this_run", "backlog", "backlog_max",
+                                      "write_errors", "lost", "last_error", "moved_aside")}
+    path, state = m.get("path", ""), m.get("state", "")
+    if state == "off":
+        lvl, msg = OK, "memory_db is '': memory entries are published, not stored"
+    elif state == "ok" and not m.get("moved_aside"):
+        lvl, msg = OK, f"{m.get('entries_in_db', 0)} entries in {path}"
+    elif state == "ok":
+        lvl, msg = WARN, (f"memory DB {path} was corrupt: moved to {m['moved_aside']}; new database "
+                          f"({m.get('entries_in_db', 0)} entries)")
+    else:
+        what = "cannot be opened" if state == "unavailable" else "write failing"
+        lvl, msg = WARN, (f"memory DB {path} {what} ({m.get('last_error', '')}): {m.get('backlog', 0)} entries "
+                          f"waiting in memory, {m.get('write_errors', 0)} write errors, {m.get('lost', 0)} lost")
+    if lost_recently:
+        lvl, msg = ERROR, f"{lost_recently} memory entries lost (backlog full): " + msg
+    return Status("oxygen_node: memory", lvl, msg, vals)
 
 
 def overall_level(statuses: list[Status]) -> int:
