@@ -532,7 +532,8 @@ class Engine:
             cs.creator_refs.append(ofp)
             tok = self._first_token(own.last_logits[0], ofp.next_position - 1, self._sampling(r))
             st = kv.admit(r, ofp, shared_len=ofp.length, first_token=tok, max_new_tokens=r.max_new_tokens,
-                          eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi, now=time.perf_counter())
+                          eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi,
+                          now=time.perf_counter())
             cs.creator_refs.remove(ofp)
             kv.release(ofp)
             cs.admitted.append(st)

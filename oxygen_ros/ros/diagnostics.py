@@ -10,7 +10,7 @@ every key/value is also listed in the README.  Levels:
 control ERROR when the node is not active, the newest observation is older than ``max_observation_age_s``
 (cameras stopped) or no chunk was ever produced after a grace period; WARN when the measured control rate is below
 80% of the configured rate.  inference ERROR when configure failed; WARN when cycles failed during the last period.
-language WARN when prompts were dropped/truncated/rejected during the last period.  inputs WARN when inputs were
+language WARN when prompts were dropped/truncated/rejected (or converse goals rejected) during the last period.  inputs WARN when inputs were
 rejected during the last period (the totals stay in the values).  memory (``memory_status``): WARN while the memory
 database fails or after a corrupt one was replaced, ERROR when entries were lost.
 """
@@ -212,9 +212,11 @@ def build_statuses(s: dict) -> list[Status]:
             "kv_used_fraction": float(s.get("kv_used_fraction", 0.0) or 0.0),
             "kv_used_bytes": s.get("kv_used_bytes", 0), "kv_capacity_bytes": s.get("kv_capacity_bytes", 0),
             "responses": counters.get("responses", 0), "memory_entries": counters.get("memory_entries", 0)}
+    lang_keys += tuple(sorted(k for k in counters if k.startswith(("converse_rejected.", "request_cancelled"))))
     for k in lang_keys:
         vals[k] = counters.get(k, 0)
-    recent = {k: delta.get(k, 0) for k in lang_keys if delta.get(k, 0)}
+    vals["converse_goals"] = counters.get("converse_goals", 0)
+    recent = {k: delta.get(k, 0) for k in lang_keys if delta.get(k, 0) and k != "request_cancelled"}
     if recent:
         lvl, msg = WARN, ", ".join(f"{k} +{v}" for k, v in recent.items())
     else:

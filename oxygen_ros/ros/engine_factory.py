@@ -24,6 +24,7 @@ class BuiltEngine:
     action_dims: int             # published action columns
     horizon: int                 # rows per chunk
     state_dim_max: Optional[int] = None   # longest state vector the model takes
+    max_requests: int = 16       # language requests the engine decodes at once (its batch capacity)
 
 
 def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable, on_finished: Callable) -> BuiltEngine:
@@ -102,4 +103,4 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
     )
     engine = Engine(model, processor, ec, on_actions=on_actions, on_token=on_token, on_finished=on_finished)
     info += f"; engine {ec.mode}, k={ec.decode_k}, KV {engine.pool.capacity_bytes / 2**20:.1f} MiB"
-    return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim)
+    return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim, ec.max_batch)

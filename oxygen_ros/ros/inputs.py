@@ -5,9 +5,11 @@ This file owns input validation and the "latest value" semantics, without rclpy:
 ``oxygen bag-eval``, with bag time as the clock) hand it messages (duck-typed ``sensor_msgs/Image``,
 ``sensor_msgs/JointState``, plain strings) together with the current time in ns; the inference thread takes one
 consistent ``CycleInputs`` per cycle.  A bad input is rejected with a reason (``Reporter.reject``: counted as
-``rejected.<reason>``, logged per reason) and never replaces the previous good value.  Thread-safe: callbacks and the
-inference thread may run concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the
-primary (first configured) camera arrives.
+``rejected.<reason>``, logged per reason) and never replaces the previous good value.  Every conversation prompt gets
+its request id when it arrives; ``on_prompt_event(prompt, event, detail)`` hears that it was "accepted", or that it
+was "rejected" (empty) or "dropped" (queue full), so the request's end is published even though it never ran.
+Thread-safe: callbacks and the inference thread may run concurrently; ``wait_primary`` lets the inference thread
+sleep until a new frame of the primary (first configured) camera arrives.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from oxygen_ros.engine.requests import next_request_id
 
 from .diagnostics import Reporter
 from .images import ImageError, validate_image
@@ -46,6 +50,7 @@ class JointSample:
 class Prompt:
     text: str
     recv_ns: int
+    request_id: int = 0          # allocated on arrival (next_request_id), carried into engine.submit
 
 
 @dataclass
@@ -59,9 +64,11 @@ class CycleInputs:
 
 
 class InputState:
-    def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None):
+    def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None,
+                 on_prompt_event=lambda prompt, event, detail: None):
         self.settings = settings
         self.report = report
+        self.on_prompt_event = on_prompt_event
         self.state_dim_max = state_dim_max
         self.primary_slot = settings.primary_slot
         self._state_names = settings.state_names
@@ -145,16 +152,24 @@ class InputState:
         return text if changed else None
 
     def on_prompt(self, text: str, now_ns: int) -> bool:
-        """Queue a conversation prompt (the oldest is dropped when the queue is full); returns whether queued."""
+        """Queue a conversation prompt with a new request id (the oldest is dropped when the queue is full); returns
+        whether queued."""
         self.report.count("prompts_received")
-        text = self._clip(text, "prompt")
-        if text is None:
+        clipped = self._clip(text, "prompt")
+        if clipped is None:
+            self.on_prompt_event(Prompt(text, now_ns, next_request_id()), "rejected", "empty prompt")
             return False
+        p = Prompt(clipped, now_ns, next_request_id())
+        self.on_prompt_event(p, "accepted", "")
+        dropped = []
         with self._cond:
-            self._prompts.append(Prompt(text, now_ns))
+            self._prompts.append(p)
             while len(self._prompts) > int(self.settings.prompt_queue_size):
-                self._prompts.popleft()
-                self.report.event("prompt_dropped", "conversation prompt queue full: oldest prompt dropped")
+                dropped.append(self._prompts.popleft())
+        for old in dropped:
+            self.report.event("prompt_dropped", "conversation prompt queue full: oldest prompt dropped")
+            self.on_prompt_event(old, "dropped", f"node prompt queue full (prompt_queue_size "
+                                                 f"{self.settings.prompt_queue_size})")
         return True
 
     # ---------------------------------------------------------------------------------------------- inference side
