@@ -171,10 +171,14 @@ class ConverseServer:
             return len(self._goals)
 
     def destroy(self) -> None:
-        """Stop: cancel the goals' requests and destroy the server (clients see it go away)."""
+        """Stop: cancel the goals' requests and destroy the server (clients see it go away; goals in flight get no
+        result).  Safe during shutdown (the context may already be gone)."""
         with self._lock:
             rids = list(self._goals)
         for rid in rids:
             self.pipeline.cancel(rid)
-        self._server.destroy()
-        self.node.destroy_guard_condition(self._guard)
+        for destroy in (self._server.destroy, lambda: self.node.destroy_guard_condition(self._guard)):
+            try:
+                destroy()
+            except Exception:  # noqa: BLE001 - shutting down
+                pass

@@ -67,6 +67,9 @@ class MemoryServices:
 
     def destroy(self) -> None:
         for srv in self._services:
-            self.node.destroy_service(srv)
+            try:
+                self.node.destroy_service(srv)
+            except Exception:  # noqa: BLE001 - shutting down
+                pass
         self._services = []
 
