@@ -4,7 +4,8 @@
 build tools installed in the current environment (requirements-build.txt), installs it into a staging prefix, and
 packs that install tree into a platform wheel:
 
-  staging/lib/python3.X/site-packages/oxygen_ros/**  -> the `oxygen_ros` package (hand-written code + generated msg)
+  staging/lib/python3.X/site-packages/oxygen_ros/**  -> the `oxygen_ros` package (hand-written code + generated
+                                                        msg, srv, action)
   staging/lib/*.so                                   -> <env>/lib   (found by the ROS wheels' bootstrapper)
   staging/lib/oxygen_ros/*                           -> <env>/lib/oxygen_ros   (`ros2 run` executables)
   staging/share/**                                   -> <env>/share (package share dir, launch/, config/, ament index)
@@ -23,7 +24,7 @@ from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-CMAKE_INPUTS = ["CMakeLists.txt", "package.xml", "msg", "scripts", "launch", "config", "oxygen_ros"]
+CMAKE_INPUTS = ["CMakeLists.txt", "package.xml", "msg", "srv", "action", "scripts", "launch", "config", "oxygen_ros"]
 
 
 class BinaryDistribution(Distribution):
@@ -85,7 +86,7 @@ class BuildWithMessages(build_py):
             rel = path.relative_to(generated)
             if path.is_dir() or "__pycache__" in rel.parts:
                 continue
-            if rel.parts[0] != "msg" and rel.suffix == ".py":
+            if rel.parts[0] not in ("msg", "srv", "action") and rel.suffix == ".py":
                 continue  # hand-written sources come from build_py itself
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target / rel)

@@ -15,9 +15,9 @@ export AMENT_PREFIX_PATH=$work/venv CMAKE_PREFIX_PATH=$work/venv PATH=$work/venv
 (cd "$work/ws" && colcon build --event-handlers console_direct- \
   --cmake-args -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$work/venv/bin/python")
 inst=$work/ws/install/oxygen_ros
-test -x "$inst/lib/oxygen_ros/oxygen_node"
+test -x "$inst/lib/oxygen_ros/oxygen_node" && test -x "$inst/lib/oxygen_ros/converse_client"
 test -f "$inst/share/oxygen_ros/launch/oxygen.launch.py"
 test -f "$inst/share/oxygen_ros/config/oxygen.yaml"
 site=$(ls -d "$inst"/lib/python3*/site-packages)
 cd /tmp && env -u _ROS_WHEELS_BOOTSTRAP_COMPLETE LD_LIBRARY_PATH="$inst/lib" PYTHONPATH="$site" \
-  "$here/.venv/bin/python" -c "from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry; print('colcon build OK')"
+  "$here/.venv/bin/python" -c "from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry; from oxygen_ros.srv import QueryMemory, ClearMemory; from oxygen_ros.action import Converse; print('colcon build OK')"

@@ -3,7 +3,9 @@ the node is configured/activated through its lifecycle with ``engine_factory``, 
 callbacks are called directly and the published messages are read back over DDS.  Owns the cases the real engine
 does not produce on demand: a request's final token arriving before or after ``on_finished``, rejected requests (an
 empty final marker, no response), memory entries stored with continuing ids, invalid chunks, every joint-state and
-image rejection reason, and prompt truncation / queue overflow counters.
+image rejection reason, and prompt truncation / queue overflow counters; request ids given on arrival and carried
+into ``engine.submit``, every dropped / rejected / refused prompt ending with a final token and a
+``ConversationResponse`` carrying its id, and the memory context handed to the engine (``conversation_memory_entries``).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from sensor_msgs.msg import JointState  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.engine.requests import ActionResult, RequestResult, TokenEvent  # noqa: E402
-from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry  # noqa: E402
+from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry  # noqa: E402
 from oxygen_ros.ros.engine_factory import BuiltEngine  # noqa: E402
 from oxygen_ros.ros.images import rgb_to_image  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
@@ -35,10 +37,17 @@ def stub_factory(settings, **callbacks):
 class StubEngine:
     def __init__(self):
         self.submitted = []
+        self.cancelled = []
 
-    def submit(self, kind, prompt="", max_new_tokens=None):
-        self.submitted.append((kind, prompt))
-        return 1000 + len(self.submitted)
+    def submit(self, kind, prompt="", max_new_tokens=None, *, request_id, **options):
+        if prompt == "refuse":
+            raise ValueError("refused by the test engine")
+        self.submitted.append((kind, prompt, request_id, options))
+        return request_id
+
+    def cancel(self, request_id):
+        self.cancelled.append(request_id)
+        return True
 
     def cycle(self, obs):
         return {}
@@ -170,3 +179,58 @@ def test_image_rejections_and_prompt_limits(node):
     assert node.pipeline.inputs.queued_prompts() == 3
     node.pipeline.inputs.on_prompt("   ", 0)
     assert node.counters.get("rejected.prompt_empty") == 1
+
+
+def test_prompt_ids_drops_and_rejections_are_published(ros, node):
+    toks = ros.collect(LanguageToken, "language/tokens", qos=100)
+    results = ros.collect(ConversationResponse, "conversation/result", qos=100)
+    time.sleep(0.5)
+    inputs, eng = node.pipeline.inputs, node.pipeline.engine
+    inputs.take(max_prompts=100)                      # earlier tests left prompts queued
+    for i in range(5):                                # queue of 3: q0 and q1 are dropped
+        inputs.on_prompt(f"q{i}", 0)
+    inputs.on_prompt("  ", 0)                         # rejected: empty
+    node.pipeline.step()                              # no frame: the cycle is skipped, the prompts are submitted
+    assert node.pipeline.submit("conversation", "refuse") is None
+    assert ros.wait_for(lambda: len(results) >= 4, 5)
+    time.sleep(0.2)
+    ends = {m.prompt: m for _, m in results}
+    sub = {p: rid for kind, p, rid, _ in eng.submitted[-3:]}
+    assert set(sub) == {"q2", "q3", "q4"}, eng.submitted[-3:]
+    ids = {ends["q0"].request_id, ends["q1"].request_id, ends["  "].request_id, ends["refuse"].request_id,
+           *sub.values()}
+    assert len(ids) == 7 and 0 not in ids, "every prompt has its own id"
+    for p, reason, why in (("q0", "dropped", "prompt_queue_size"), ("q1", "dropped", "prompt_queue_size"),
+                           ("  ", "rejected", "empty"), ("refuse", "rejected", "refused by the test engine")):
+        m = ends[p]
+        assert m.finish_reason == reason and why in m.detail and m.text == "" and m.num_tokens == 0
+        assert m.time_to_first_token_s == -1.0 and m.total_time_s >= 0.0
+        final = [t for _, t in toks if t.request_id == m.request_id]
+        assert len(final) == 1 and final[0].is_final and final[0].finish_reason == reason and final[0].token_id == -1
+    # a submitted prompt's answer carries the id it got on arrival
+    rid = sub["q2"]
+    node.pipeline._on_token(_tok(rid, "conversation", 0, "o"))
+    node.pipeline._on_token(_tok(rid, "conversation", 1, "k", final=True))
+    node.pipeline._on_finished(RequestResult(rid, "conversation", 7, "q2", "ok", [1, 2], time.time(), "eos", "",
+                                             "User prompt as read"))
+    assert ros.wait_for(lambda: any(m.request_id == rid for _, m in results), 5)
+    m = next(m for _, m in results if m.request_id == rid)
+    assert (m.prompt, m.text, m.finish_reason, m.num_tokens, m.frame_index) == ("q2", "ok", "eos", 2, 7)
+    assert m.model_prompt == "User prompt as read" and 0.0 <= m.time_to_first_token_s <= m.total_time_s
+
+
+def test_memory_context_reaches_the_engine(node):
+    pl = node.pipeline
+    pl.settings = pl.settings.replace(conversation_memory_entries=2)
+    try:
+        for rid, text in ((20, "first scene"), (21, "second scene"), (22, "third scene")):
+            pl._on_finished(_res(rid, "memory", text, "eos", 2, prompt="describe", fi=9))
+            pl._on_token(_tok(rid, "memory", 0, text, final=True, fi=9))
+        rid = pl.submit("conversation", "what happened?")
+        kind, prompt, got_id, opts = pl.engine.submitted[-1]
+        assert (kind, prompt, got_id) == ("conversation", "what happened?", rid)
+        assert opts["context"] == ("second scene", "third scene"), "the newest entries, oldest first"
+    finally:
+        pl.settings = pl.settings.replace(conversation_memory_entries=0)
+    pl.submit("conversation", "no context")
+    assert "context" not in pl.engine.submitted[-1][3]

@@ -83,8 +83,9 @@ def _py(code, tmp_path, env=None, timeout=60):
 
 
 def test_messages_import_without_environment_variables(tmp_path):
-    r = _py("from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry; print(ActionChunk().horizon)",
-            tmp_path)
+    r = _py("from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry; "
+            "from oxygen_ros.srv import ClearMemory, QueryMemory; from oxygen_ros.action import Converse; "
+            "print(ActionChunk().horizon)", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
 
@@ -125,10 +126,11 @@ def test_share_directory_holds_launch_config_and_messages(tmp_path):
     share = Path(r.stdout.strip())
     assert share == Path(sys.prefix) / "share" / "oxygen_ros"
     for rel in ("package.xml", "msg/ActionChunk.msg", "msg/LanguageToken.msg", "msg/MemoryEntry.msg",
+                "msg/ConversationResponse.msg", "srv/QueryMemory.srv", "srv/ClearMemory.srv", "action/Converse.action",
                 "launch/oxygen.launch.py", "launch/replay.launch.py", "config/oxygen.yaml"):
         assert (share / rel).is_file(), f"{rel} missing from the installed share directory {share}"
     assert (share / "package.xml").read_text() == (ROOT / "package.xml").read_text()
-    for exe in ("oxygen_node", "oxygen"):
+    for exe in ("oxygen_node", "oxygen", "converse_client", "memory_query"):
         assert os.access(Path(sys.prefix) / "lib" / "oxygen_ros" / exe, os.X_OK), f"lib/oxygen_ros/{exe}"
 
 

@@ -8,11 +8,14 @@ deadline-aware k) -> stream tokens (`on_token`), evict finished requests (`on_fi
 `isolated` (the paper's baseline): actions get their own prefill; each language request then does its own separate
 prefill of the frame and is decoded to completion inside the frame, so the next frame's actions wait.
 All language KV lives in one preallocated `KVPool` owned by a `KVCacheManager`; `submit()` is thread-safe (bounded
-pending queue, oldest dropped when full); an exception inside a cycle frees what that cycle allocated and re-raises.
+pending queue, oldest dropped when full; a request may carry its own id, sampling overrides and memory context);
+`cancel()` is thread-safe and honoured at the next cycle start or before the cycle's decode (finish_reason
+"cancelled", KV freed); an exception inside a cycle frees what that cycle allocated and re-raises.
 """
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 import warnings
@@ -29,8 +32,8 @@ from ..model.pi05 import DecodeBatch, Prefix, SamplingParams, sample_tokens
 from ..model.tokenizer import StreamDecoder
 from .budget import make_budget
 from .metrics import CycleRecord, Metrics
-from .requests import (FINISH_DROPPED, FINISH_ERROR, FINISH_REJECTED, ActionResult, LanguageRequest,
-                       RequestResult, TokenEvent)
+from .requests import (FINISH_CANCELLED, FINISH_DROPPED, FINISH_ERROR, FINISH_REJECTED, ActionResult,
+                       LanguageRequest, RequestResult, TokenEvent, with_context)
 
 MODES = ("isolated", "shared", "oxygen")
 
@@ -109,6 +112,8 @@ class Engine:
         self._pending: deque[LanguageRequest] = deque()
         self._request_ids = itertools.count(1)      # per engine: a replayed run numbers its requests the same way
         self._dropped: list[LanguageRequest] = []
+        self._live: set[int] = set()          # ids submitted and not yet finished (under _lock)
+        self._cancel: set[int] = set()        # live ids whose cancellation is requested (under _lock)
         self._noise_gen = torch.Generator(device="cpu")
         self._noise_gen.manual_seed(config.seed)
         self.frame_index = 0
@@ -133,18 +138,81 @@ class Engine:
 
     # ------------------------------------------------------------------ thread-safe submission
     def submit(self, kind: str, prompt: str = "", max_new_tokens: Optional[int] = None, *,
-               eos_token_id: Optional[int] = None) -> int:
-        """Queue a language request for the next cycle; returns its id (1, 2, ... per engine). Raises ValueError for an unknown kind or a
-        bad max_new_tokens. When the pending queue is full the *oldest* pending request is dropped (reported through
-        on_finished with finish_reason 'dropped' during the next cycle). Thread-safe."""
+               eos_token_id: Optional[int] = None, request_id: Optional[int] = None, context=(),
+               temperature: Optional[float] = None, top_p: Optional[float] = None) -> int:
+        """Queue a language request for the next cycle; returns its id: ``request_id`` if given (ids allocated by
+        the caller when it accepted the prompt, e.g. the node's pipeline), else the engine's own 1, 2, ... (per
+        engine, so a rerun in the same process numbers its requests the same). ``context``: memory entries,
+        oldest first, prepended to the prompt (``with_context``; the oldest are left out when the prompt would
+        exceed max_prompt_tokens). ``temperature`` / ``top_p`` override the engine's sampling for this request
+        (temperature 0 = greedy). Raises ValueError for an unknown kind, a bad max_new_tokens or sampling value, or
+        an id already in use. When the pending queue is full the *oldest* pending request is dropped (reported
+        through on_finished with finish_reason 'dropped' during the next cycle). Thread-safe."""
+        sampling = self._request_sampling(temperature, top_p)
         with self._lock:
+            rid = int(request_id) if request_id is not None else next(self._request_ids)
             req = LanguageRequest(kind, prompt or "", int(max_new_tokens or self.config.max_new_tokens),
-                                  request_id=next(self._request_ids), eos_token_id=eos_token_id)
+                                  request_id=rid, eos_token_id=eos_token_id, sampling=sampling,
+                                  context=tuple(str(c) for c in context))
+            if req.request_id in self._live:
+                raise ValueError(f"request id {req.request_id} is already in use")
+            self._live.add(req.request_id)
             self._pending.append(req)
             while len(self._pending) > self.config.max_pending:
                 self._dropped.append(self._pending.popleft())
         self._metrics.count("submitted")
         return req.request_id
+
+    def _request_sampling(self, temperature, top_p) -> Optional[SamplingParams]:
+        """Per-request SamplingParams from overrides (None = use the engine's)."""
+        if temperature is None and top_p is None:
+            return None
+        base = self.config.sampling or SamplingParams()
+        t = base.temperature if temperature is None else float(temperature)
+        p = base.top_p if top_p is None else float(top_p)
+        if not (math.isfinite(t) and t >= 0.0) or not (0.0 < p <= 1.0):
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {t}, {p}")
+        return SamplingParams(temperature=t, top_p=p, seed=base.seed)
+
+    def _sampling(self, req: LanguageRequest):
+        return req.sampling if req.sampling is not None else self.config.sampling
+
+    def cancel(self, request_id: int) -> bool:
+        """Ask to stop a pending or decoding request; returns False if it is not live (finished or unknown).
+        Honoured at the next cycle start or before this cycle's decode, whichever comes first, so a decoding
+        request produces at most one more cycle's tokens; it then ends through on_finished with finish_reason
+        'cancelled' and its partial output, and its KV blocks and prefix reference are released. Thread-safe."""
+        with self._lock:
+            if request_id not in self._live:
+                return False
+            self._cancel.add(int(request_id))
+            return True
+
+    def _apply_cancels(self, cs: "_CycleState") -> None:
+        """End the requests whose cancellation was asked (inference thread, between cycle phases)."""
+        with self._lock:
+            if not self._cancel:
+                return
+            ids, self._cancel = self._cancel, set()
+            waiting = [r for r in self._pending if r.request_id in ids]
+            for r in waiting:
+                self._pending.remove(r)
+        waiting += [r for r in cs.unbound if r.request_id in ids]
+        for r in waiting:
+            if r in cs.unbound:
+                cs.unbound.remove(r)
+            self._metrics.count("cancelled")
+            self._emit_finished(r.result(FINISH_CANCELLED, detail="cancelled before it was admitted"))
+        now = time.perf_counter()
+        for rid in ids:
+            st = self.kv.requests.get(rid)
+            if st is None:
+                continue
+            self._streams.pop(rid, None)
+            self.kv.finish(st, FINISH_CANCELLED, now)
+            self._metrics.count("cancelled")
+            self._emit_finished(st.request.result(FINISH_CANCELLED, frame_index=st.frame_index,
+                                                  text=self._text(st.generated), token_ids=st.generated))
 
     def pending(self) -> int:
         with self._lock:
@@ -164,16 +232,28 @@ class Engine:
                 mi.token_masks.to(dev))
 
     def _language_tokens(self, req: LanguageRequest) -> torch.Tensor:
-        """Valid prompt token ids of a conversation / memory request, truncated to max_prompt_tokens."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # counted below instead of warning once per request
-            toks, mask, truncated = self.processor.encode_prompt(req.kind, req.prompt)
-        ids = toks[0][mask[0]]
+        """Valid prompt token ids of a conversation / memory request (memory context prepended, its oldest entries
+        left out until the prompt fits), truncated to max_prompt_tokens; computed once per request."""
+        if req.prompt_ids is not None:
+            return req.prompt_ids
+        context = list(req.context)
+        while True:
+            text = with_context(req.prompt, context)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")          # counted below instead of warning once per request
+                toks, mask, truncated = self.processor.encode_prompt(req.kind, text)
+            ids = toks[0][mask[0]]
+            if not context or (not truncated and ids.numel() <= self.max_prompt_tokens):
+                break
+            context.pop(0)
+        if len(context) < len(req.context):
+            self._metrics.count("memory_context_trimmed")
         if ids.numel() > self.max_prompt_tokens:
             ids, truncated = ids[:self.max_prompt_tokens], True
-        if truncated and not req.truncated:
+        if truncated:
             req.truncated = True
             self._metrics.count("truncated_prompts")
+        req.model_prompt, req.prompt_ids = text, ids
         return ids
 
     def _stream_piece(self, rid: int, token_id: int, final: bool) -> str:
@@ -215,12 +295,14 @@ class Engine:
             self._emit_finished(req.result(FINISH_DROPPED, detail="pending queue full"))
         cs = _CycleState()
         cs.unbound = drained
+        self._apply_cancels(cs)
         self.kv.begin_cycle()
         rec = dict(tokens=0, prefills=0, prompt_extends=0, decode_steps=0, batch_sizes=[], admitted=0, k=0,
                    t_prefill=0.0, t_actions=0.0, t_decode=0.0)
         try:
             t_act = self._actions_and_admission(observation, noise, fi, t0, cs, rec)
             if c.mode == "oxygen":
+                self._apply_cancels(cs)
                 self._decode_oxygen(t0, rec)
         except BaseException:
             self._rollback(cs, fi)
@@ -355,7 +437,7 @@ class Engine:
 
     def _admit_shared(self, observation, prefix, images, image_masks, fi, cs: _CycleState, rec) -> None:
         """shared / oxygen: bind pending requests to this frame's prefix."""
-        cfg, kv, c = self.cfg, self.kv, self.config
+        cfg, kv = self.cfg, self.kv
         iso_prefix = cfg.prefix_attention == "image_isolated"
         pend = list(cs.unbound)
         lang = {r.request_id: self._language_tokens(r) for r in pend if r.kind != "subtask"}
@@ -388,9 +470,9 @@ class Engine:
             cs.creator_refs.append(fp)
         for r in subs:
             cs.unbound.remove(r)
-            tok = self._first_token(prefix.last_logits[0], fp.next_position - 1, c.sampling)
+            tok = self._first_token(prefix.last_logits[0], fp.next_position - 1, self._sampling(r))
             st = kv.admit(r, fp, shared_len=fp.length, first_token=tok, max_new_tokens=r.max_new_tokens,
-                          eos_token_id=self._eos(r), sampling=c.sampling, frame_index=fi, now=now)
+                          eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi, now=now)
             cs.admitted.append(st)
             self._after_admit(st, rec)
         if others:
@@ -414,16 +496,16 @@ class Engine:
                 cs.unbound.remove(r)
                 if iso_prefix:
                     pos = int(ext.next_position[j]) - 1
-                    tok = self._first_token(ext.last_logits[j], pos, c.sampling)
+                    tok = self._first_token(ext.last_logits[j], pos, self._sampling(r))
                     st = kv.admit(r, fp, shared_len=fp.image_length, first_token=tok, max_new_tokens=r.max_new_tokens,
-                                  eos_token_id=self._eos(r), sampling=c.sampling, frame_index=fi,
+                                  eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi,
                                   private_prompt=(ext, j, self._img_dense), now=now)
                 else:
                     ofp = kv.store_prefix(own, j, frame_index=fi, image_positions=self._img_dense, private=True)
                     cs.creator_refs.append(ofp)
-                    tok = self._first_token(own.last_logits[j], ofp.next_position - 1, c.sampling)
+                    tok = self._first_token(own.last_logits[j], ofp.next_position - 1, self._sampling(r))
                     st = kv.admit(r, ofp, shared_len=ofp.length, first_token=tok, max_new_tokens=r.max_new_tokens,
-                                  eos_token_id=self._eos(r), sampling=c.sampling, frame_index=fi, now=now)
+                                  eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi, now=now)
                     cs.creator_refs.remove(ofp)
                     kv.release(ofp)
                 cs.admitted.append(st)
@@ -434,7 +516,7 @@ class Engine:
 
     def _serve_isolated(self, images, image_masks, frame_tokens, frame_token_masks, fi, cs: _CycleState, rec) -> None:
         """isolated: each request gets its own prefill of this frame and is decoded to completion, one by one."""
-        kv, c = self.kv, self.config
+        kv = self.kv
         for r in list(cs.unbound):
             if r.kind == "subtask":      # the action prompt again, in its own prefill
                 toks, tmask = frame_tokens, frame_token_masks
@@ -452,9 +534,10 @@ class Engine:
             cs.unbound.remove(r)
             ofp = kv.store_prefix(own, 0, frame_index=fi, image_positions=self._img_dense, private=True)
             cs.creator_refs.append(ofp)
-            tok = self._first_token(own.last_logits[0], ofp.next_position - 1, c.sampling)
+            tok = self._first_token(own.last_logits[0], ofp.next_position - 1, self._sampling(r))
             st = kv.admit(r, ofp, shared_len=ofp.length, first_token=tok, max_new_tokens=r.max_new_tokens,
-                          eos_token_id=self._eos(r), sampling=c.sampling, frame_index=fi, now=time.perf_counter())
+                          eos_token_id=self._eos(r), sampling=self._sampling(r), frame_index=fi,
+                          now=time.perf_counter())
             cs.creator_refs.remove(ofp)
             kv.release(ofp)
             cs.admitted.append(st)
@@ -552,6 +635,9 @@ class Engine:
                                        token_ids=st.generated))
 
     def _emit_finished(self, res: RequestResult) -> None:
+        with self._lock:
+            self._live.discard(res.request_id)
+            self._cancel.discard(res.request_id)
         if self.on_finished is not None:
             self.on_finished(res)
 

@@ -1,5 +1,6 @@
 """Language requests and the engine's result types: what a request is (kind, prompt, token budget), its lifecycle
-(pending -> active -> finished / rejected / dropped), and the three records the engine hands to its callbacks
+(pending -> active -> finished / rejected / dropped / cancelled), the memory context a conversation may carry
+(``with_context``), and the three records the engine hands to its callbacks
 (`ActionResult`, `TokenEvent`, `RequestResult`, field names fixed by ARCHITECTURE.md). Pure Python + numpy; the ROS
 node imports these types without importing torch-heavy modules beyond what `oxygen_ros.engine` already needs.
 """
@@ -21,7 +22,18 @@ FINISH_LENGTH = "length"        # max_new_tokens reached
 FINISH_REJECTED = "rejected"    # never admitted (detail says why: too_large, max_wait, ...)
 FINISH_DROPPED = "dropped"      # pushed out of the bounded pending queue by newer requests
 FINISH_ERROR = "error"          # the cycle that owned it raised; its KV was freed
-FINISH_REASONS = (FINISH_EOS, FINISH_LENGTH, FINISH_REJECTED, FINISH_DROPPED, FINISH_ERROR)
+FINISH_CANCELLED = "cancelled"  # Engine.cancel(): stopped at the next cycle boundary (or before a decode); KV freed
+FINISH_REASONS = (FINISH_EOS, FINISH_LENGTH, FINISH_REJECTED, FINISH_DROPPED, FINISH_ERROR, FINISH_CANCELLED)
+
+MEMORY_CONTEXT_PREFIX = "Earlier you saw: "
+
+
+def with_context(prompt: str, context) -> str:
+    """A request text with memory entries (oldest first) prepended: ``"Earlier you saw: a; b. <prompt>"``."""
+    entries = [c.strip().rstrip(".") for c in context if c and c.strip()]
+    if not entries:
+        return prompt
+    return f"{MEMORY_CONTEXT_PREFIX}{'; '.join(entries)}. {prompt}"
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class RequestResult:
     stamp: float                 # wall time (time.time())
     finish_reason: str           # one of FINISH_REASONS
     detail: str = ""             # why it was rejected / dropped / failed; "" otherwise
+    model_prompt: str = ""       # the request text the model read (memory context included); "" if never encoded
 
 
 _ids = itertools.count(1)
@@ -82,6 +95,10 @@ class LanguageRequest:
     truncated: bool = False      # the prompt was cut to the engine's max_prompt_tokens
     frames_waited: int = 0       # cycles it spent pending because the cache or batch was full
     eos_token_id: Optional[int] = None   # None = the tokenizer's EOS
+    sampling: object = None      # model SamplingParams overriding the engine's (None = the engine's)
+    context: tuple = ()          # memory entries (oldest first) prepended to the prompt; oldest dropped to fit
+    model_prompt: str = ""       # set at encoding: the text actually tokenised (prompt + the context that fit)
+    prompt_ids: object = None    # cached valid prompt token ids (set at encoding)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,4 +109,4 @@ class LanguageRequest:
     def result(self, finish_reason: str, *, frame_index: int = -1, text: str = "", token_ids=(),
                detail: str = "") -> RequestResult:
         return RequestResult(self.request_id, self.kind, frame_index, self.prompt, text, list(token_ids),
-                             time.time(), finish_reason, detail)
+                             time.time(), finish_reason, detail, self.model_prompt)

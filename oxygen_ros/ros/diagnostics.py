@@ -10,12 +10,13 @@ every key/value is also listed in the README.  Levels:
 control ERROR when the node is not active, the newest primary-camera frame is older than ``max_observation_age_s``
 (cameras stopped), the joint state is older than ``max_state_age_s`` (or none arrived while state joints are
 configured), or no valid chunk was produced for ``CHUNK_GRACE_S`` (or 3x the p99 cycle latency, if longer) while
-active (e.g. every chunk non-finite); WARN
-when the measured control rate is below 80% of the configured rate.  inference ERROR when configure failed; WARN
-when cycles failed or chunks were invalid during the last period.  language WARN when prompts were
-dropped/truncated/rejected during the last period.  inputs WARN when inputs were rejected, a camera frame failed, a
-header stamp was in the future (clock skew) during the last period, or a non-primary camera is silent (masked); the
-totals stay in the values.
+active (e.g. every chunk non-finite); WARN when the measured control rate is below 80% of the configured rate.
+inference ERROR when configure failed; WARN when cycles failed or chunks were invalid during the last period.
+language WARN when prompts were dropped/truncated/rejected (or converse goals rejected) during the last period.
+inputs WARN when inputs were rejected, a camera frame failed, a header stamp was in the future (clock skew) during
+the last period, or a non-primary camera is silent (masked); the totals stay in the values.  memory
+(``memory_status``): WARN while the memory database fails or after a corrupt one was replaced, ERROR when entries
+were lost.
 """
 from __future__ import annotations
 
@@ -236,9 +237,11 @@ def build_statuses(s: dict) -> list[Status]:
             "kv_used_fraction": float(s.get("kv_used_fraction", 0.0) or 0.0),
             "kv_used_bytes": s.get("kv_used_bytes", 0), "kv_capacity_bytes": s.get("kv_capacity_bytes", 0),
             "responses": counters.get("responses", 0), "memory_entries": counters.get("memory_entries", 0)}
+    lang_keys += tuple(sorted(k for k in counters if k.startswith(("converse_rejected.", "request_cancelled"))))
     for k in lang_keys:
         vals[k] = counters.get(k, 0)
-    recent = {k: delta.get(k, 0) for k in lang_keys if delta.get(k, 0)}
+    vals["converse_goals"] = counters.get("converse_goals", 0)
+    recent = {k: delta.get(k, 0) for k in lang_keys if delta.get(k, 0) and k != "request_cancelled"}
     if recent:
         lvl, msg = WARN, ", ".join(f"{k} +{v}" for k, v in recent.items())
     else:
@@ -270,7 +273,32 @@ def build_statuses(s: dict) -> list[Status]:
         problems.append(f"camera(s) silent, masked: {', '.join(silent)}")
     lvl, msg = (WARN, "; ".join(problems)) if problems else (OK, "inputs ok")
     out.append(Status("oxygen_node: inputs", lvl, msg, vals))
+    if s.get("memory") is not None:
+        out.append(memory_status(s["memory"], int(delta.get("memory_lost", 0) or 0)))
     return out
+
+
+def memory_status(m: dict, lost_recently: int = 0) -> Status:
+    """``oxygen_node: memory`` from ``MemoryLog.status()``: OK while entries are stored (or memory_db is ""); WARN
+    while the database fails or cannot be opened (entries wait in memory) and after a corrupt file was moved aside;
+    ERROR when entries were lost from a full backlog during the last period.  Every message names the file."""
+    vals = {k: m.get(k, "") for k in ("path", "state", "entries_in_db", "stored_this_run", "backlog", "backlog_max",
+                                      "write_errors", "lost", "last_error", "moved_aside")}
+    path, state = m.get("path", ""), m.get("state", "")
+    if state == "off":
+        lvl, msg = OK, "memory_db is '': memory entries are published, not stored"
+    elif state == "ok" and not m.get("moved_aside"):
+        lvl, msg = OK, f"{m.get('entries_in_db', 0)} entries in {path}"
+    elif state == "ok":
+        lvl, msg = WARN, (f"memory DB {path} was corrupt: moved to {m['moved_aside']}; new database "
+                          f"({m.get('entries_in_db', 0)} entries)")
+    else:
+        what = "cannot be opened" if state == "unavailable" else "write failing"
+        lvl, msg = WARN, (f"memory DB {path} {what} ({m.get('last_error', '')}): {m.get('backlog', 0)} entries "
+                          f"waiting in memory, {m.get('write_errors', 0)} write errors, {m.get('lost', 0)} lost")
+    if lost_recently:
+        lvl, msg = ERROR, f"{lost_recently} memory entries lost (backlog full): " + msg
+    return Status("oxygen_node: memory", lvl, msg, vals)
 
 
 def overall_level(statuses: list[Status]) -> int:

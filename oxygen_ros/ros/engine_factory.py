@@ -25,6 +25,7 @@ class BuiltEngine:
     horizon: int                 # rows per chunk
     state_dim_max: Optional[int] = None   # longest state vector the model takes
     image_size: int = 224                 # the model's square camera input (frames are resized with pad to it)
+    max_requests: int = 16                # language requests the engine decodes at once (its batch capacity)
 
 
 def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable, on_finished: Callable) -> BuiltEngine:
@@ -103,4 +104,5 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
     )
     engine = Engine(model, processor, ec, on_actions=on_actions, on_token=on_token, on_finished=on_finished)
     info += f"; engine {ec.mode}, k={ec.decode_k}, KV {engine.pool.capacity_bytes / 2**20:.1f} MiB"
-    return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim, cfg.image_size)
+    return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim, cfg.image_size,
+                       ec.max_batch)

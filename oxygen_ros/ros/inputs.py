@@ -10,9 +10,11 @@ header is consistent but which the model cannot use (a 1000x2 strip shrinks to n
 A camera whose ``header.stamp`` is ahead of this node's clock (more than ``FUTURE_TOLERANCE_S``) is counted
 (``future_stamps``, "check clock sync") and its frames' age is judged by their receive time instead, so clock skew
 cannot make stale frames look fresh.  ``Freshness`` watches one input's age and logs once when it goes silent, while
-it stays silent (every ``repeat_s``) and when it comes back.  Thread-safe: callbacks and the inference thread may run
-concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the primary (first configured)
-camera arrives.
+it stays silent (every ``repeat_s``) and when it comes back.  Every conversation prompt gets its request id when it
+arrives; ``on_prompt_event(prompt, event, detail)`` hears that it was "accepted", or that it was "rejected" (empty)
+or "dropped" (queue full), so the request's end is published even though it never ran.  Thread-safe: callbacks and
+the inference thread may run concurrently; ``wait_primary`` lets the inference thread sleep until a new frame of the
+primary (first configured) camera arrives.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
 
 from .diagnostics import Reporter
 from .images import ImageError, validate_image
@@ -37,6 +40,19 @@ FUTURE_TOLERANCE_S = 0.05
 def stamp_ns(stamp) -> int:
     """builtin_interfaces/Time (rclpy or rosbags) -> integer ns."""
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+class RequestIds:
+    """Thread-safe request ids 1, 2, ... (one allocator per pipeline, so a rerun of a bag numbers requests alike)."""
+
+    def __init__(self):
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            rid, self._next = self._next, self._next + 1
+            return rid
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class JointSample:
 class Prompt:
     text: str
     recv_ns: int
+    request_id: int = 0          # allocated on arrival (the pipeline's new_request_id), carried into engine.submit
 
 
 @dataclass
@@ -74,9 +91,12 @@ class CycleInputs:
 
 class InputState:
     def __init__(self, settings: Settings, report: Reporter, state_dim_max: int | None = None,
-                 image_check: Callable[[int, int], str | None] | None = None):
+                 image_check: Callable[[int, int], str | None] | None = None,
+                 on_prompt_event=lambda prompt, event, detail: None, new_request_id=None):
         self.settings = settings
         self.report = report
+        self.on_prompt_event = on_prompt_event
+        self.new_request_id = new_request_id or RequestIds()
         self.state_dim_max = state_dim_max
         self.image_check = image_check           # (height, width) -> why the model cannot use such a frame, or None
         self.future_max_s = 0.0                  # largest future offset of a header stamp seen (clock skew)
@@ -175,16 +195,24 @@ class InputState:
         return text if changed else None
 
     def on_prompt(self, text: str, now_ns: int) -> bool:
-        """Queue a conversation prompt (the oldest is dropped when the queue is full); returns whether queued."""
+        """Queue a conversation prompt with a new request id (the oldest is dropped when the queue is full); returns
+        whether queued."""
         self.report.count("prompts_received")
-        text = self._clip(text, "prompt")
-        if text is None:
+        clipped = self._clip(text, "prompt")
+        if clipped is None:
+            self.on_prompt_event(Prompt(text, now_ns, self.new_request_id()), "rejected", "empty prompt")
             return False
+        p = Prompt(clipped, now_ns, self.new_request_id())
+        self.on_prompt_event(p, "accepted", "")
+        dropped = []
         with self._cond:
-            self._prompts.append(Prompt(text, now_ns))
+            self._prompts.append(p)
             while len(self._prompts) > int(self.settings.prompt_queue_size):
-                self._prompts.popleft()
-                self.report.event("prompt_dropped", "conversation prompt queue full: oldest prompt dropped")
+                dropped.append(self._prompts.popleft())
+        for old in dropped:
+            self.report.event("prompt_dropped", "conversation prompt queue full: oldest prompt dropped")
+            self.on_prompt_event(old, "dropped", f"node prompt queue full (prompt_queue_size "
+                                                 f"{self.settings.prompt_queue_size})")
         return True
 
     # ---------------------------------------------------------------------------------------------- inference side

@@ -1,20 +1,22 @@
 """The node's output messages, built from the pipeline's plain records: one function per message type.
 
-This file owns how a ``ControlSample`` becomes an ``oxygen_ros/ActionChunk`` and how ``TokenOut`` / ``MemoryOut``
-become ``LanguageToken`` / ``MemoryEntry`` — used by the live node and by the offline tools that write the same
-messages into bags, so both produce identical messages for identical records.
+This file owns how a ``ControlSample`` becomes an ``oxygen_ros/ActionChunk`` and how ``TokenOut`` / ``MemoryOut`` /
+``ResponseOut`` become ``LanguageToken`` / ``MemoryEntry`` / ``ConversationResponse`` (and the ``Converse`` action's
+result and feedback) — used by the live node and by the offline tools that write the same messages into bags, so
+both produce identical messages for identical records.
 """
 from __future__ import annotations
 
 import numpy as np
 from builtin_interfaces.msg import Time as TimeMsg
 
-from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry
+from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry
 
 from .control import ControlSample
-from .language import MemoryOut, TokenOut
+from .language import MemoryOut, ResponseOut, TokenOut
 
-__all__ = ["time_msg", "action_chunk", "language_token", "memory_entry"]
+__all__ = ["time_msg", "action_chunk", "language_token", "memory_entry", "conversation_response", "converse_result",
+           "converse_feedback"]
 
 
 def time_msg(ns: int) -> TimeMsg:
@@ -64,4 +66,41 @@ def memory_entry(e: MemoryOut) -> MemoryEntry:
     m.source_prompt = e.source_prompt
     m.request_id = int(e.request_id)
     m.num_tokens = int(e.num_tokens)
+    return m
+
+
+def conversation_response(r: ResponseOut) -> ConversationResponse:
+    m = ConversationResponse()
+    m.header.stamp = time_msg(r.stamp_ns)
+    m.request_id = int(r.request_id)
+    m.prompt, m.model_prompt, m.text = r.prompt, r.model_prompt, r.text
+    m.finish_reason, m.detail = r.finish_reason, r.detail
+    m.num_tokens = int(r.num_tokens)
+    m.frame_index = max(0, int(r.frame_index))
+    m.time_to_first_token_s, m.total_time_s = float(r.ttft_s), float(r.total_s)
+    return m
+
+
+def converse_result(r: ResponseOut):
+    from oxygen_ros.action import Converse  # noqa: PLC0415 - only the node's action server needs it
+
+    m = Converse.Result()
+    m.request_id = int(r.request_id)
+    m.text, m.finish_reason, m.detail = r.text, r.finish_reason, r.detail
+    m.num_tokens = int(r.num_tokens)
+    m.frame_index = max(0, int(r.frame_index))
+    m.time_to_first_token_s, m.total_time_s = float(r.ttft_s), float(r.total_s)
+    return m
+
+
+def converse_feedback(request_id: int, p):
+    """``p``: a ``converse.Progress`` (the pieces since the previous feedback)."""
+    from oxygen_ros.action import Converse  # noqa: PLC0415
+
+    m = Converse.Feedback()
+    m.request_id = int(request_id)
+    m.frame_index = max(0, int(p.frame_index))
+    m.pieces = list(p.pieces)
+    m.text = p.text
+    m.num_tokens = int(p.num_tokens)
     return m

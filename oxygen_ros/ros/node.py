@@ -12,7 +12,9 @@ inference thread (``_inference_loop``) waits for a new primary-camera frame (at 
 ``pipeline.step`` -> ``Engine.cycle`` -> the chunk lands in the ``ChunkBuffer`` -> the control loop
 (``_control_loop``: steady-clock absolute deadlines in its own thread, never waiting for inference or the executor;
 with ``use_sim_time`` a ROS timer on the simulated clock) publishes ``action_chunk`` at ``control_rate_hz``; tokens,
-answers and memory entries reach ``_Publishers`` through the pipeline's ``RequestTracker``.
+answers and memory entries reach ``_Publishers`` through the pipeline's ``RequestTracker``.  While active the node also
+serves the ``converse`` action (``converse_server.py``) and the ``memory/query`` / ``memory/clear`` services
+(``memory_services.py``).
 Run as ``oxygen_node`` / ``oxygen node`` / ``ros2 run oxygen_ros oxygen_node`` / ``python -m oxygen_ros.ros.node``.
 """
 from __future__ import annotations
@@ -35,13 +37,16 @@ from diagnostic_msgs.msg import DiagnosticArray
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
-from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry
+from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry
 
 from . import diagnostics as diag
 from . import messages
+from .converse_server import ConverseServer
 from .engine_factory import build_engine
 from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
-from .parameters import PARAMETERS, SLOT_NAMES, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor
+from .memory_services import MemoryServices
+from .parameters import (PARAMETERS, SLOT_NAMES, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor,
+                         ros_args)
 from .pipeline import Pipeline
 
 __all__ = ["OxygenNode", "main", "PARAMETERS"]
@@ -56,7 +61,9 @@ class _Publishers:
         self.actions = node.create_lifecycle_publisher(ActionChunk, "action_chunk", 10)
         self.tokens = node.create_lifecycle_publisher(LanguageToken, "language/tokens", 100)
         self.response_text = node.create_lifecycle_publisher(String, "conversation/response", 10)
+        self.results = node.create_lifecycle_publisher(ConversationResponse, "conversation/result", 100)
         self.memory_entries = node.create_lifecycle_publisher(MemoryEntry, "memory/entries", 10)
+        self.converse: ConverseServer | None = None       # set while active: goals' streams
         self.closed = False
 
     def close(self) -> None:
@@ -74,9 +81,15 @@ class _Publishers:
 
     def token(self, t: TokenOut) -> None:
         self.publish(self.tokens, messages.language_token(t))
+        if self.converse is not None and not self.closed:
+            self.converse.on_token(t)
 
     def response(self, r: ResponseOut) -> None:
-        self.publish(self.response_text, String(data=r.text))
+        self.publish(self.results, messages.conversation_response(r))
+        if r.completed:
+            self.publish(self.response_text, String(data=r.text))
+        if self.converse is not None and not self.closed:
+            self.converse.on_response(r)
 
     def memory(self, m: MemoryOut) -> None:
         self.publish(self.memory_entries, messages.memory_entry(m))
@@ -111,6 +124,7 @@ class OxygenNode(LifecycleNode):
         self._control_thread: threading.Thread | None = None
         self._control_timer = None
         self._control_meter = diag.RateMeter(2.0)
+        self._memory_services: MemoryServices | None = None
         self.control_late_ticks = 0
         self._published_chunks = 0
         self._held = 0
@@ -160,9 +174,9 @@ class OxygenNode(LifecycleNode):
             self.pipeline = Pipeline(self.settings, self.pub, clock_ns=self._now_ns, logger=self.get_logger(),
                                      counters=self.counters, engine_factory=self._engine_factory)
             self.model_info = self.pipeline.info
-            if self.pipeline.memory is not None:
-                self.get_logger().info(f"memory entries -> {self.pipeline.memory.path} "
-                                       f"({self.pipeline.memory.count()} stored)")
+            mem = self.pipeline.memory
+            if mem.path:
+                self.get_logger().info(f"memory entries -> {mem.path} ({mem.count()} stored, {mem.state})")
         except Exception as exc:  # noqa: BLE001 - every failure becomes a clear FAILURE
             self.configure_error = f"{type(exc).__name__}: {exc}"
             self.get_logger().error(f"configure failed: {self.configure_error}")
@@ -178,6 +192,10 @@ class OxygenNode(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.pipeline.reset_io()
         self._create_subscriptions()
+        pl = self.pipeline
+        self.pub.converse = ConverseServer(self, pl, self.report,
+                                           max_goals=self.settings.converse_max_goals or pl.max_requests)
+        self._memory_services = MemoryServices(self, pl.memory, self.report)
         self._running = True
         self._stop_evt.clear()
         self._infer_thread = threading.Thread(target=self._inference_loop, name="oxygen-inference", daemon=True)
@@ -193,7 +211,7 @@ class OxygenNode(LifecycleNode):
         self.get_logger().info(
             f"active: {len([t for t in self.settings.slot_topics if t])} camera(s), control "
             f"{self.settings.control_rate_hz:g} Hz, publishing action_chunk, language/tokens, conversation/response, "
-            "memory/entries")
+            "conversation/result, memory/entries; serving converse, memory/query, memory/clear")
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -242,6 +260,12 @@ class OxygenNode(LifecycleNode):
         for s in self._subs:
             self.destroy_subscription(s)
         self._subs = []
+        conv, self.pub.converse = self.pub.converse, None
+        if conv is not None:
+            conv.destroy()
+        srv, self._memory_services = self._memory_services, None
+        if srv is not None:
+            srv.destroy()
 
     def _teardown_pipeline(self) -> None:
         pl, self.pipeline = self.pipeline, None
@@ -392,6 +416,7 @@ class OxygenNode(LifecycleNode):
             "prompt_queue": (pl.inputs.queued_prompts() if pl else 0) + int(em.get("pending", 0) or 0),
             "kv_used_fraction": (used / cap) if cap else 0.0, "kv_used_bytes": used, "kv_capacity_bytes": cap,
             "counters": self.counters.snapshot(), "uptime_s": time.monotonic() - self._t_start,
+            "memory": pl.memory.status() if pl is not None else None,
             "engine": {k: v for k, v in em.items() if k.startswith("kv_") or k.startswith("requests_")
                        or k in ("frames", "tokens_total", "deadline_misses", "k_mean", "ttft_ms_p50",
                                 "action_latency_ms_p50", "cycle_ms_p50", "cycle_ms_p99")},
@@ -399,6 +424,8 @@ class OxygenNode(LifecycleNode):
 
     def _publish_diagnostics(self) -> None:
         try:
+            if self.pipeline is not None:
+                self.pipeline.memory.flush()        # entries kept while the memory database failed
             s = self.snapshot()
             s["counters_delta"] = self.counters.delta()
             arr = diag.to_msg(diag.build_statuses(s), stamp=self.get_clock().now().to_msg())
@@ -438,16 +465,6 @@ def _throttle_python_logging() -> None:
         logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] [%(name)s]: %(message)s")
     for h in root.handlers:
         h.addFilter(f)
-
-
-def _normalize_ros_args(args: list[str]) -> list[str]:
-    """``-p name:=`` (an empty value, e.g. ``-p memory_db:=`` for "not stored") -> ``-p name:=''``: rcl refuses the
-    empty form with a parse error."""
-    out = list(args)
-    for i in range(1, len(out)):
-        if out[i - 1] in ("-p", "--param") and out[i].endswith(":="):
-            out[i] += "''"
-    return out
 
 
 class _ShutdownRequest:
@@ -494,7 +511,7 @@ def main(argv=None, engine_factory=None) -> int:
     # a 1 ms switch interval (default 5 ms) bounds how long it waits for it.
     sys.setswitchinterval(0.001)
     try:
-        rclpy.init(args=_normalize_ros_args(args), signal_handler_options=SignalHandlerOptions.NO)
+        rclpy.init(args=ros_args(args), signal_handler_options=SignalHandlerOptions.NO)
         node = OxygenNode(engine_factory=engine_factory)
     except Exception as exc:  # noqa: BLE001 - bad --ros-args, a parameter outside its declared range, ...
         print(f"oxygen_node: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)

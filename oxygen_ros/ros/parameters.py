@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
-           "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "SLOT_NAMES"]
+           "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "SLOT_NAMES"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
 BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
@@ -70,6 +70,11 @@ PARAMETERS: dict[str, tuple] = {
     "max_prompt_chars": (INT, 1000, "Longer prompts/instructions are truncated (counted).", (1, 1_000_000)),
     "prompt_queue_size": (INT, 32, "Conversation prompts waiting for the engine; oldest dropped when full.",
                           (1, 100_000)),
+    "conversation_memory_entries": (INT, 0, "Newest memory entries prepended to each conversation prompt as context "
+                                            "('Earlier you saw: ...'; oldest left out first when the prompt is too "
+                                            "long); 0 = none.", (0, 100)),
+    "converse_max_goals": (INT, 0, "Converse action goals in flight at once; more are rejected. 0 = the engine's "
+                                   "batch capacity.", (0, 1024)),
     "memory_interval_s": (DOUBLE, 5.0, "One memory (scene description) request every N seconds; 0 = off.",
                           (0.0, 1.0e6)),
     "memory_prompt": (STRING, "Describe the scene in one sentence.", "Prompt of memory requests.", None),
@@ -209,6 +214,22 @@ def load_params_file(path: str | os.PathLike, node_name: str = "oxygen_node") ->
         sec = doc.get(key)
         if isinstance(sec, dict):
             out.update(sec.get("ros__parameters") or {})
+    return out
+
+
+def ros_args(argv: list) -> list:
+    """Command-line arguments for ``rclpy.init``: ``-p name:=`` (an empty value, which rcl cannot parse) becomes
+    ``-p name:=''`` (the empty string), so ``-p memory_db:=`` means "not stored" as the parameter table says."""
+    out, in_ros = [], False
+    for i, a in enumerate(argv):
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--":
+            in_ros = False
+        prev = argv[i - 1] if i else ""
+        if in_ros and prev in ("-p", "--param") and a.endswith(":=") and len(a) > 2:
+            a += "''"
+        out.append(a)
     return out
 
 

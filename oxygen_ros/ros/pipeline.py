@@ -6,14 +6,16 @@ node (``ros/node.py``, live DDS, ROS clock) and ``oxygen bag-eval`` (a recorded 
 logic.  ``Pipeline(settings, outputs, clock_ns=..., logger=...)`` builds the engine (``engine_factory``), the
 ``InputState`` (callbacks store inputs there), the ``ChunkBuffer`` (sampled by the control loop) and the
 ``RequestTracker`` (tokens, answers, memory entries -> ``outputs``).  ``step(now_ns)`` runs one cycle:
-take the newest inputs, submit queued conversation prompts, skip the frame (no new chunk) if the primary camera's
-newest frame is older than ``max_observation_age_s`` or the joint state older than ``max_state_age_s`` (stale),
-convert and resize each camera's frame **in isolation** (a frame that fails masks only its own slot for this cycle;
-only the primary camera can skip a cycle), schedule memory / subtask requests on the given clock, build the
-``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk -> buffer, at once, before any
-language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged and skipped; the pipeline keeps
-serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came back.
-``sample(now_ns)`` is what the control loop publishes.
+take the newest inputs, submit queued conversation prompts (with their request ids and, with
+``conversation_memory_entries``, the newest memory entries as context), skip the frame (no new chunk) if the primary
+camera's newest frame is older than ``max_observation_age_s`` or the joint state older than ``max_state_age_s``
+(stale), convert and resize each camera's frame **in isolation** (a frame that fails masks only its own slot for
+this cycle; only the primary camera can skip a cycle), schedule memory / subtask requests on the given clock, build
+the ``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk -> buffer, at once,
+before any language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged and skipped; the
+pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
+back.  ``sample(now_ns)`` is what the control loop publishes; ``submit`` / ``cancel`` (thread-safe) serve the action
+server too.
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ from typing import Callable
 
 import numpy as np
 
+
 from . import diagnostics as diag
 from .control import ChunkBuffer, ControlSample
 from .engine_factory import BuiltEngine, build_engine
 from .images import ImageError, image_to_rgb8
-from .inputs import Freshness, InputState
+from .inputs import Freshness, InputState, RequestIds
 from .language import ChunkOut, Outputs, RequestTracker
-from .memory_store import MemoryStore
+from .memory_log import MemoryLog
+from .memory_store import MemoryQuery
 from .parameters import SLOT_NAMES, Settings
 
 __all__ = ["Pipeline", "Every"]
@@ -69,13 +73,16 @@ class Pipeline:
         self.engine = built.engine
         self.info = built.info
         self.action_dims, self.horizon = int(built.action_dims), int(built.horizon)
+        self.max_requests = int(built.max_requests)     # the engine's batch capacity (Converse goal limit)
         self.action_names = s.action_names
         from oxygen_ros.model.processing import resize_with_pad, unusable_image_reason  # noqa: PLC0415
 
         size = int(built.image_size)
         self._resize = lambda img: resize_with_pad(img, size, size)
+        self.new_request_id = RequestIds()           # ids of every request this pipeline submits
         self.inputs = InputState(s, self.report, built.state_dim_max,
-                                 image_check=lambda h, w: unusable_image_reason(h, w, size))
+                                 image_check=lambda h, w: unusable_image_reason(h, w, size),
+                                 on_prompt_event=self._prompt_event, new_request_id=self.new_request_id)
         t0 = clock_ns()
         self._camera_watch = [Freshness(self.report, f"camera_silent.{SLOT_NAMES[i]}", f"camera {topic!r}",
                                         s.max_observation_age_s, started_ns=t0) if topic else None
@@ -86,7 +93,7 @@ class Pipeline:
         self.last_chunk_ns: int | None = None           # when the last valid chunk was produced (clock ns)
         self.buffer = ChunkBuffer(1.0 / s.control_rate_hz, blend_steps=s.blend_steps,
                                   stale_behavior=s.stale_behavior, time_origin=s.chunk_time_origin)
-        self.memory = MemoryStore(s.memory_db) if s.memory_db else None
+        self.memory = MemoryLog(s.memory_db, self.report)
         self.requests = RequestTracker(outputs, self.report, clock_ns, memory=self.memory,
                                        frame_info=self._frame_info, default_memory_prompt=s.memory_prompt)
         self._memory_every = Every(s.memory_interval_s)
@@ -124,7 +131,7 @@ class Pipeline:
         s = self.settings
         inp = self.inputs.take()
         for p in inp.prompts:          # queued in the engine even if this frame is skipped
-            self.submit("conversation", p.text)
+            self.submit("conversation", p.text, request_id=p.request_id)
         camera_stale, state_stale = self._freshness(inp.frames, inp.joint, now)
         if camera_stale:
             self.report.count("cycle_skipped_stale")
@@ -204,20 +211,49 @@ class Pipeline:
             self.report.log("watch", f"input watch failed: {exc}", level="error")
             return False, False
 
-    def submit(self, kind: str, text: str) -> int | None:
-        """Queue a language request in the engine; returns its id (None if the engine refused it)."""
+    def submit(self, kind: str, text: str, *, request_id: int | None = None, **options) -> int | None:
+        """Queue a language request in the engine (thread-safe); returns its id, or None if the engine refused it
+        (then its end, finish_reason "rejected", is published).  ``options``: max_new_tokens, temperature, top_p."""
+        rid = self.new_request_id() if request_id is None else int(request_id)
+        self.requests.register(rid, kind, text)
+        kw = {k: v for k, v in options.items() if v is not None}
+        if kind == "conversation" and self.settings.conversation_memory_entries > 0:
+            kw["context"] = self._memory_context(int(self.settings.conversation_memory_entries))
         try:
-            rid = self.engine.submit(kind=kind, prompt=text)
-        except Exception as exc:  # noqa: BLE001 - engine refuses (bad prompt, full)
+            self.engine.submit(kind=kind, prompt=text, request_id=rid, **kw)
+        except Exception as exc:  # noqa: BLE001 - engine refuses (bad prompt, bad option, id in use)
             self.report.event("request_rejected", f"{kind} request rejected: {exc}")
+            self.requests.end(rid, kind, text, "rejected", f"{type(exc).__name__}: {exc}")
             return None
-        if isinstance(rid, int):
-            self.requests.register(rid, kind)
         return rid
 
+    def _memory_context(self, n: int) -> tuple:
+        """The texts of the newest ``n`` memory entries, oldest first."""
+        try:
+            return tuple(e.text for e in reversed(self.memory.query(MemoryQuery(limit=n))))
+        except Exception as exc:  # noqa: BLE001 - no context rather than no answer
+            self.report.log("memory_context", f"memory context unavailable: {exc}")
+            return ()
+
+    def cancel(self, request_id: int) -> bool:
+        """Ask the engine to stop a request (thread-safe; see Engine.cancel)."""
+        cancel = getattr(self.engine, "cancel", None)
+        return bool(cancel(request_id)) if cancel is not None else False
+
+    def _prompt_event(self, p, event: str, detail: str) -> None:
+        if event == "accepted":
+            self.requests.register(p.request_id, "conversation", p.text)
+        else:
+            self.requests.end(p.request_id, "conversation", p.text, event, detail)
+
     def inject(self, fault: str) -> None:
-        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way."""
-        self._inject.append(fault.strip())
+        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way, or make the memory
+        database refuse every write (``memory_db_fail``) / work again (``memory_db_ok``)."""
+        fault = fault.strip()
+        if fault in ("memory_db_fail", "memory_db_ok"):
+            self.memory.fail_writes(fault == "memory_db_fail")
+            return
+        self._inject.append(fault)
 
     # ---------------------------------------------------------------------------------------------- engine callbacks
     def _on_actions(self, res) -> None:
@@ -269,9 +305,7 @@ class Pipeline:
 
     def close(self) -> None:
         self.requests.clear()
-        if self.memory is not None:
-            self.memory.close()
-            self.memory = None
+        self.memory.close()
         self.engine = None
 
     def engine_metrics(self) -> dict:
