@@ -375,6 +375,31 @@ def test_capacity_queues_and_rejects_without_touching_actions(setup):
     assert r2.finish_reason == "rejected" and r2.detail.startswith("max_wait")
 
 
+def test_admission_stays_in_order_behind_a_request_waiting_for_memory(setup):
+    """A big request that must wait for KV memory holds back a later, smaller one that would fit (no overtaking);
+    once memory is free both are admitted in submission order."""
+    model, proc = setup
+    cfg = model.cfg
+    obs, nz = frames(cfg, 8, seed=11), noises(cfg, 8, seed=11)
+    bs, k = 8, 4
+    blocks = lambda n: -(-n // bs)                                          # noqa: E731
+    P = blocks(cfg.num_image_tokens + int(proc.prepare(obs[0]).token_masks.sum()))   # one frame prefix
+    NA, NB, NC = 17, 41, 9
+    a, b, c = blocks(NA - 1), blocks(NB - 1), blocks(NC - 1)                # private blocks (N - 1 written tokens)
+    total = 2 * P + a + c            # while A lives: room for a 2nd frame prefix + C exactly, not for B (b > c)
+    assert b > c and P + b <= total
+    sched = {0: [("subtask", "", NA)], 1: [("subtask", "", NB), ("subtask", "", NC)]}
+    run = Run(model, proc, sched, obs, nz, mode="oxygen", decode_k=k, kv_block_size=bs, kv_num_blocks=total)
+    (ra, _), (rb, _), (rc, _) = (run.results[i] for i in run.ids)
+    assert [r.finish_reason for r in (ra, rb, rc)] == ["length"] * 3 and len(rb.token_ids) == NB
+    a_done = run.results[run.ids[0]][1]                                     # the cycle in which A finished
+    assert run.stats[1]["pending"] == 2                                     # B waited (kv_full) and C behind it
+    assert rb.frame_index == rc.frame_index == a_done + 1                   # C did not overtake B
+    id_b, id_c = run.ids[1:]
+    assert run.log.index(("token", id_b)) < run.log.index(("token", id_c))   # admitted B first: its token 0 first
+    assert run.eng.pool.used_blocks == 0
+
+
 def test_submit_is_thread_safe_and_bounded(setup):
     model, proc = setup
     cfg = model.cfg

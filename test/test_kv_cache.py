@@ -2,8 +2,9 @@
 their positions (masked camera slots cost nothing), the shared prefix KV is bit-identical before and after action
 sampling and decoding (decode writes only request-private slots), batched paged decode reproduces a full recompute,
 decoding in chunks of k (N not divisible by k) batched with requests at other steps gives the same tokens and logits
-as one uninterrupted decode, admission waits / rejects with a reason when the pool or batch is full, reference counts free a
-frame prefix only with its last reader, and check_invariants() holds throughout and catches corruption."""
+as one uninterrupted decode, admission waits / rejects with a reason when the pool or batch is full (first in, first
+out: no later, smaller request overtakes one waiting for memory), reference counts free a frame prefix only with its
+last reader, and check_invariants() holds throughout and catches corruption."""
 import pytest
 import torch
 
@@ -241,6 +242,22 @@ def test_admission_capacity_reservations_and_refcounts(model):
     _admit(kv3, fp, 3, 5)
     kv3.release(fp)
     assert kv3.plan_admission([1, 1]) == [("wait", "batch_full"), ("wait", "queued_behind")]
+
+
+def test_admission_does_not_let_a_smaller_request_overtake(model):
+    """FIFO: once a candidate waits for memory, every later one waits too, even one that would fit; a candidate too
+    large for the whole pool is rejected and does not block the queue."""
+    cfg = model.cfg
+    kv = _manager(cfg, num_blocks=12, block_size=4)
+    held = kv.pool.allocate(4)                         # memory held by others: 8 blocks available
+    assert kv.plan_admission([6, 2], shared_prefix_blocks=3) == [("wait", "kv_full"), ("wait", "queued_behind")]
+    assert kv.plan_admission([2, 6, 1], shared_prefix_blocks=3) == [None, ("wait", "kv_full"),
+                                                                     ("wait", "queued_behind")]
+    assert kv.plan_admission([7, 4, 1]) == [None, ("wait", "kv_full"), ("wait", "queued_behind")]
+    too_big, small = kv.plan_admission([40, 2], shared_prefix_blocks=3)
+    assert too_big[0] == "reject" and too_big[1].startswith("too_large") and small is None
+    kv.pool.free(held)
+    assert kv.plan_admission([6, 2], shared_prefix_blocks=3) == [None, None]
 
 
 def test_invariants_catch_corruption(model):
