@@ -1,7 +1,8 @@
 """Shared pytest set-up for the ROS tests: DDS isolation and helpers to run the node and a bag replay as processes.
 
 This file owns test-session plumbing only (no test logic).  At import it gives the whole session (and every
-subprocess it starts) its own ``ROS_DOMAIN_ID`` derived from the pid, ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``,
+subprocess it starts) its own ``ROS_DOMAIN_ID``, claimed with a file lock so that no other session on the machine
+holds it (``domain_ids.py``; an explicitly set one is kept), ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST``,
 ``PYTHONPATH`` with the source tree, ``AMENT_PREFIX_PATH`` (PyPI ROS wheels do not set it) and the interpreter's
 ``bin/`` first on ``PATH`` (``ros2 run``/``launch`` start ``#!/usr/bin/env python3`` scripts).  Helpers:
 ``NodeProcess`` (start ``python -m oxygen_ros.ros.node`` with ``config/oxygen.yaml`` plus overrides, log to a file,
@@ -23,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from domain_ids import session_domain_id
 from oxygen_ros.ros import harness
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "oxygen.yaml"
 
 # -- per-session DDS isolation (set before anything imports rclpy) ----------------------------------------------------
-os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 100))
+session_domain_id(os.environ)
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                           if p and p != str(REPO)])

@@ -1,12 +1,15 @@
 """Tests of engine/engine.py (with requests.py, budget.py, metrics.py) on the real tiny model, CPU, behaviour only
-(never timing): isolated, shared and oxygen give the same action chunks and the same tokens for every request (masked
-camera slots, arrivals at different frames, different prompt lengths and kinds, N not divisible by k, early EOS,
-greedy and seeded sampling, both prefix-attention modes); continuous batching runs at batch ceil(N/k) and finishes
-each request ceil(N/k) frames after arrival; finished requests emit and write nothing; oxygen prefills once per frame
-and isolated at least twice; actions are published before any language work; capacity limits queue or reject
-requests without touching actions and usage returns to zero; submit() is thread-safe with a bounded queue; a failing
-cycle frees what it allocated; adaptive k keeps language progressing and counts deadline misses; metrics are a flat
-JSON dict; KV use is flat over 1,000 frames and its peak stays within 1.2x the live tokens."""
+(never timing): isolated, shared and oxygen give the same action chunks (one per frame, in order) and, for every
+request, the same tokens and the same decode logits (fp32, <= 1e-5 relative; masked camera slots, arrivals at
+different frames, different prompt lengths and kinds, N not divisible by k, early EOS, greedy and seeded sampling,
+both prefix-attention modes); oxygen's batched decode equals the naive reference of ``pi05_reference.py``; continuous
+batching runs at batch ceil(N/k), finishes each request ceil(N/k) frames after arrival with the tokens and logits of an
+uninterrupted decode; finished requests emit and write nothing; oxygen prefills once per frame and isolated at least
+twice; in every cycle the action chunk is published before any language work; capacity limits queue (first in,
+first out, also behind a request waiting for memory) or reject requests without touching actions and usage returns to
+zero; submit() is thread-safe with a bounded queue; a failing cycle frees what it allocated; adaptive k keeps
+language progressing and counts deadline misses; metrics are a flat JSON dict; KV use is flat over 1,000 frames and
+its peak stays within 1.2x the live tokens."""
 import json
 import math
 import threading
@@ -18,6 +21,7 @@ import torch
 from oxygen_ros.engine.engine import Engine, EngineConfig
 from oxygen_ros.model import Observation, Processor, build_model, get_config, load_tokenizer
 from oxygen_ros.model.pi05 import SamplingParams
+from pi05_reference import reference_greedy
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,38 +65,100 @@ def noises(cfg, n, seed=0):
 
 
 class Run:
-    """Drives an engine over frames with a submission schedule and records everything it emits."""
+    """Drives an engine over frames with a submission schedule and records everything it emits: ``log`` holds
+    ("cycle", i) before each cycle and ("action", frame) / ("token", rid) / ("finished", rid) in emission order;
+    ``progress`` holds per cycle the tokens generated so far by each in-flight request at the cycle's start and when
+    its action chunk was published; ``logits`` the decode logits of each request's tokens 1.. (``DecodeSpy``)."""
 
     def __init__(self, model, proc, schedule, obs, nz, drain=True, **cfg):
-        self.log, self.actions, self.results, self.tokens, self.stats = [], [], {}, {}, []
-        self.eng = Engine(model, proc, EngineConfig(**cfg), on_actions=self._act, on_token=self._tok,
+        self.log, self.actions, self.results, self.tokens, self.stats, self.progress = [], [], {}, {}, [], []
+        self.spy = DecodeSpy(model)
+        self.eng = Engine(self.spy, proc, EngineConfig(**cfg), on_actions=self._act, on_token=self._tok,
                           on_finished=self._fin)
         self.ids, self.cycle = [], 0
         for i, (o, n) in enumerate(zip(obs, nz)):
             for sub in schedule.get(i, []):
                 self.ids.append(self.eng.submit(*sub))
-            self.stats.append(self.eng.cycle(o, noise=n))
-            self.eng.kv.check_invariants(idle=True)
-            self.cycle += 1
+            self._step(o, n)
         while drain and (self.eng.kv.num_active or self.eng.pending()):
-            self.stats.append(self.eng.cycle(obs[-1]))
-            self.eng.kv.check_invariants(idle=True)
-            self.cycle += 1
+            self._step(obs[-1], None)
+
+    def _generated(self):
+        return {rid: len(st.generated) for rid, st in self.eng.kv.requests.items()}
+
+    def _step(self, o, n):
+        self.log.append(("cycle", self.cycle))
+        self.progress.append({"start": self._generated()})
+        self.stats.append(self.eng.cycle(o, noise=n))
+        self.eng.kv.check_invariants(idle=True)
+        self.cycle += 1
 
     def _act(self, a):
         self.log.append(("action", a.frame_index))
         self.actions.append(a)
+        self.progress[-1]["at_actions"] = self._generated()
 
     def _tok(self, t):
         self.log.append(("token", t.request_id))
         self.tokens.setdefault(t.request_id, []).append(t)
+        self.spy.attribute(t)
 
     def _fin(self, r):
         self.log.append(("finished", r.request_id))
         self.results[r.request_id] = (r, self.cycle)
 
+    def cycles(self):
+        """The log split per cycle (markers removed)."""
+        out = []
+        for e in self.log:
+            if e[0] == "cycle":
+                out.append([])
+            else:
+                out[-1].append(e)
+        return out
+
+    def carried_tokens(self, i):
+        """Token events of cycle i from requests already in flight when it started."""
+        carried = set(self.progress[i]["start"])
+        return [e for e in self.cycles()[i] if e[0] == "token" and e[1] in carried]
+
     def outputs(self):
         return [(self.results[i][0].token_ids, self.results[i][0].finish_reason) for i in self.ids]
+
+    def logits(self):
+        """Per request in submission order: its decode logits [n_tokens - 1, V] (tokens 1..; token 0 comes from the
+        prefill)."""
+        return [torch.stack(self.spy.logits[i]) if self.spy.logits.get(i) else None for i in self.ids]
+
+
+class DecodeSpy:
+    """Wraps the model (the engine sees the same object otherwise): keeps the logits rows of each ``decode`` call and
+    hands them to the token events that follow, in order.  The engine streams one event per decoded row, in batch
+    order, before its next decode call; a row left unclaimed, a claim with no row, or a greedy row whose argmax is
+    not the streamed token fails the test."""
+
+    def __init__(self, model):
+        self._model = model
+        self._rows = []
+        self.logits = {}
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decode(self, batch, kv):
+        assert not self._rows, f"{len(self._rows)} decoded rows were never streamed"
+        out = self._model.decode(batch, kv)
+        greedy = [sp is None or sp.temperature <= 0 for sp in (batch.sampling or [None] * len(batch.token_ids))]
+        self._rows = list(zip(out.logits.clone(), greedy))
+        return out
+
+    def attribute(self, ev):
+        if ev.index == 0:
+            return                       # token 0 is chosen from the prefill's logits, not by decode
+        assert self._rows, f"token {ev.index} of request {ev.request_id} without a decoded row"
+        row, greedy = self._rows.pop(0)
+        assert not greedy or int(row.argmax()) == ev.token_id
+        self.logits.setdefault(ev.request_id, []).append(row)
 
 
 SCHEDULE = {0: [("subtask", "", 7)], 1: [("conversation", "what is on the table?", 5)],
@@ -100,13 +166,26 @@ SCHEDULE = {0: [("subtask", "", 7)], 1: [("conversation", "what is on the table?
             5: [("subtask", "", 2)]}
 
 
+def rel_err(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
 def _assert_same(runs, n_frames):
+    """Every run published one chunk per frame, in order, with the same actions, and gave every request the same
+    tokens, finish reason and decode logits (fp32, <= 1e-5 relative: a row decoded at a wrong position or against a
+    wrong read mask moves the logits even where the argmax survives)."""
     base = runs[0]
     for r in runs[1:]:
+        assert [a.frame_index for a in r.actions[:n_frames]] == [a.frame_index for a in base.actions[:n_frames]] \
+            == list(range(n_frames))
         for a, b in zip(base.actions[:n_frames], r.actions[:n_frames]):
-            assert a.frame_index == b.frame_index and a.actions.shape == b.actions.shape
+            assert a.actions.shape == b.actions.shape
             np.testing.assert_allclose(b.actions, a.actions, rtol=1e-5, atol=1e-6)
         assert r.outputs() == base.outputs()
+        for i, (la, lb) in enumerate(zip(base.logits(), r.logits())):
+            assert (la is None) == (lb is None), i
+            if la is not None:
+                assert la.shape == lb.shape and rel_err(lb, la) <= 1e-5, (i, rel_err(lb, la))
 
 
 @pytest.mark.parametrize("sampling", [None, SamplingParams(temperature=20.0, seed=11)], ids=["greedy", "sampled"])
@@ -202,25 +281,65 @@ def test_continuous_batching_invariants(setup, N, k):
     assert all(s["tokens"] == N for s in steady)           # N tokens decoded per frame in steady state
     assert all(s["active_requests"] == frames_per_req - 1 for s in steady)
     assert all(s["prefills"] == 1 for s in run.stats)
+    # chunked across frames and batched with other requests = decoded alone, uninterrupted: tokens and logits
+    alone = Run(model, proc, sched, obs, nz, drain=False, mode="shared")
+    for rid, logits, rid_alone, logits_alone in zip(run.ids, run.logits(), alone.ids, alone.logits()):
+        if rid in run.results:
+            assert run.results[rid][0].token_ids == alone.results[rid_alone][0].token_ids
+            assert logits.shape == (N - 1, cfg.vocab_size) and rel_err(logits, logits_alone) <= 1e-5
     iso = Run(model, proc, sched, obs[:3], nz[:3], mode="isolated", decode_k=k)
     assert all(s["prefills"] == 2 for s in iso.stats) and all(s["decode_steps"] == N - 1 for s in iso.stats)
 
 
-def test_actions_published_before_language_work(setup):
+def test_batched_decode_equals_the_naive_reference(setup):
+    """oxygen's chunked, batched decode (rows of different frames, kinds, prompt lengths and steps; a masked camera;
+    private prompts on the shared image KV) gives every request the tokens and logits of the naive reference: a full
+    recompute of [its frame's images | its prompt | its generated tokens], no cache, none of the engine's code."""
     model, proc = setup
     cfg = model.cfg
-    obs, nz = frames(cfg, 4, seed=4), noises(cfg, 4, seed=4)
-    sched = {i: [("subtask", "", 6), ("conversation", "hi", 6)] for i in range(4)}
+    obs, nz = frames(cfg, 3, seed=12, masked={1: 2}), noises(cfg, 3, seed=12)
+    sched = {0: [("subtask", "", 6), ("conversation", "what is red?", 5)],
+             1: [("memory", "the cup", 6), ("subtask", "", 4)], 2: [("conversation", "go", 5)]}
+    run = Run(model, proc, sched, obs, nz, mode="oxygen", decode_k=2)
+    assert max(s["batch_size_max"] for s in run.stats) >= 3          # rows of several frames decoded together
+    for rid, logits in zip(run.ids, run.logits()):
+        res = run.results[rid][0]
+        mi = proc.prepare(obs[res.frame_index])
+        if res.kind == "subtask":                                     # reads the frame's own action prompt
+            tokens, tmask = mi.tokens[0], mi.token_masks[0]
+        else:
+            toks, mask, _ = proc.encode_prompt(res.kind, res.prompt)
+            tokens = toks[0][mask[0]]
+            tmask = torch.ones_like(tokens, dtype=torch.bool)
+        ref_ids, ref_logits = reference_greedy(model, mi.images[0], mi.image_masks[0], tokens, tmask,
+                                               len(res.token_ids))
+        assert res.token_ids == ref_ids, res.kind
+        assert rel_err(logits, ref_logits[1:]) <= 1e-5, (res.kind, rel_err(logits, ref_logits[1:]))
+
+
+def test_actions_published_before_language_work_in_every_cycle(setup):
+    """In every cycle (not only the first), with requests of earlier frames in flight, the frame's chunk is the first
+    thing emitted and no request has decoded a token of this cycle when it is published."""
+    model, proc = setup
+    cfg = model.cfg
+    F = 6
+    obs, nz = frames(cfg, F, seed=4), noises(cfg, F, seed=4)
+    sched = {i: [("subtask", "", 6), ("conversation", "hi", 6)] for i in range(F)}
     for mode in ("isolated", "shared", "oxygen"):
-        run = Run(model, proc, sched, obs, nz, drain=False, mode=mode, decode_k=2)
-        # within every cycle, the action chunk is the first thing emitted
-        starts = [i for i, x in enumerate(run.log) if x[0] == "action"]
-        assert len(starts) == 4 and starts[0] == 0
+        run = Run(model, proc, sched, obs, nz, mode=mode, decode_k=2)
+        for i, events in enumerate(run.cycles()):
+            assert [e[0] for e in events].count("action") == 1 and events[0][0] == "action", (mode, i, events[:3])
+            p = run.progress[i]
+            assert p["at_actions"] == p["start"], (mode, i)           # nothing decoded before the chunk
+        if mode == "oxygen":          # N=6, k=2: each request spans 3 frames, so earlier frames' requests are in flight
+            carried = [p["start"] for p in run.progress[1:F]]
+            assert all(len(c) >= 2 for c in carried), carried
+            assert all(run.carried_tokens(i) for i in range(1, F))       # ...and they do decode after the chunk
         for a, s in zip(run.actions, run.stats):
             assert a.actions.shape == (cfg.action_horizon, proc.action_dims)
             assert 0 < a.latency_ms <= s["duration_s"] * 1e3
-        assert [a.chunk_id for a in run.actions] == [0, 1, 2, 3]
-        assert [a.stamp for a in run.actions] == [0.0, 1.0, 2.0, 3.0]
+        assert [a.chunk_id for a in run.actions] == list(range(run.cycle))
+        assert [a.stamp for a in run.actions] == [float(i) for i in range(F)] + [float(F - 1)] * (run.cycle - F)
 
 
 def test_capacity_queues_and_rejects_without_touching_actions(setup):
@@ -254,6 +373,31 @@ def test_capacity_queues_and_rejects_without_touching_actions(setup):
                max_batch=1, max_wait_frames=1)
     r2 = run2.results[run2.ids[1]][0]
     assert r2.finish_reason == "rejected" and r2.detail.startswith("max_wait")
+
+
+def test_admission_stays_in_order_behind_a_request_waiting_for_memory(setup):
+    """A big request that must wait for KV memory holds back a later, smaller one that would fit (no overtaking);
+    once memory is free both are admitted in submission order."""
+    model, proc = setup
+    cfg = model.cfg
+    obs, nz = frames(cfg, 8, seed=11), noises(cfg, 8, seed=11)
+    bs, k = 8, 4
+    blocks = lambda n: -(-n // bs)                                          # noqa: E731
+    P = blocks(cfg.num_image_tokens + int(proc.prepare(obs[0]).token_masks.sum()))   # one frame prefix
+    NA, NB, NC = 17, 41, 9
+    a, b, c = blocks(NA - 1), blocks(NB - 1), blocks(NC - 1)                # private blocks (N - 1 written tokens)
+    total = 2 * P + a + c            # while A lives: room for a 2nd frame prefix + C exactly, not for B (b > c)
+    assert b > c and P + b <= total
+    sched = {0: [("subtask", "", NA)], 1: [("subtask", "", NB), ("subtask", "", NC)]}
+    run = Run(model, proc, sched, obs, nz, mode="oxygen", decode_k=k, kv_block_size=bs, kv_num_blocks=total)
+    (ra, _), (rb, _), (rc, _) = (run.results[i] for i in run.ids)
+    assert [r.finish_reason for r in (ra, rb, rc)] == ["length"] * 3 and len(rb.token_ids) == NB
+    a_done = run.results[run.ids[0]][1]                                     # the cycle in which A finished
+    assert run.stats[1]["pending"] == 2                                     # B waited (kv_full) and C behind it
+    assert rb.frame_index == rc.frame_index == a_done + 1                   # C did not overtake B
+    id_b, id_c = run.ids[1:]
+    assert run.log.index(("token", id_b)) < run.log.index(("token", id_c))   # admitted B first: its token 0 first
+    assert run.eng.pool.used_blocks == 0
 
 
 def test_submit_is_thread_safe_and_bounded(setup):

@@ -1,9 +1,10 @@
 """Tests of kv/cache.py on the real (tiny, random-weight) model: the manager stores only a prefix's valid tokens with
 their positions (masked camera slots cost nothing), the shared prefix KV is bit-identical before and after action
 sampling and decoding (decode writes only request-private slots), batched paged decode reproduces a full recompute,
-decoding in chunks of k (N not divisible by k) batched with requests at other steps gives the same tokens as one
-uninterrupted decode, admission waits / rejects with a reason when the pool or batch is full, reference counts free a
-frame prefix only with its last reader, and check_invariants() holds throughout and catches corruption."""
+decoding in chunks of k (N not divisible by k) batched with requests at other steps gives the same tokens and logits
+as one uninterrupted decode, admission waits / rejects with a reason when the pool or batch is full (first in, first
+out: no later, smaller request overtakes one waiting for memory), reference counts free a frame prefix only with its
+last reader, and check_invariants() holds throughout and catches corruption."""
 import pytest
 import torch
 
@@ -150,12 +151,12 @@ def test_chunked_batched_decode_equals_uninterrupted(model):
         fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
         st = _admit(kv, fp, N, int(pre.last_logits[0].argmax()))
         kv.release(fp)
-        _decode(model, kv, [st], [N - 1])
-        ref.append(st.generated)
+        logits = _decode(model, kv, [st], [N - 1])[st.request_id]
+        ref.append((st.generated, torch.stack(logits)))
         assert kv.pool.used_blocks == 0
     # cross-frame continuous batching: one arrival per "frame", k tokens per row per frame
     kv = _manager(cfg, num_blocks=80)
-    states, frame = [], 0
+    states, frame, logits = [], 0, {}
     while frame < 3 or kv.requests:
         kv.begin_cycle()
         if frame < 3:
@@ -166,10 +167,16 @@ def test_chunked_batched_decode_equals_uninterrupted(model):
             states.append(st)
         rows = list(kv.requests.values())
         steps = [min(k - st.tokens_this_cycle, st.tokens_left) for st in rows]
-        _decode(model, kv, [r for r, s in zip(rows, steps) if s > 0], [s for s in steps if s > 0])
+        out = _decode(model, kv, [r for r, s in zip(rows, steps) if s > 0], [s for s in steps if s > 0])
+        for rid, rows_logits in out.items():
+            logits.setdefault(rid, []).extend(rows_logits)
         kv.check_invariants(idle=True)
         frame += 1
-    assert [st.generated for st in states] == ref
+    for st, (ids, ref_logits) in zip(states, ref):     # same tokens, and logits to fp32 rounding (<= 1e-5 relative)
+        assert st.generated == ids
+        got = torch.stack(logits[st.request_id])
+        assert got.shape == ref_logits.shape
+        assert float((got - ref_logits).abs().max()) <= 1e-5 * float(ref_logits.abs().max())
     assert frame == 2 + -(-N // k)               # the last arrival finishes ceil(N/k) frames after it arrived
     assert kv.pool.used_blocks == 0 and kv.reserved_blocks == 0 and not kv.prefixes
 
@@ -235,6 +242,22 @@ def test_admission_capacity_reservations_and_refcounts(model):
     _admit(kv3, fp, 3, 5)
     kv3.release(fp)
     assert kv3.plan_admission([1, 1]) == [("wait", "batch_full"), ("wait", "queued_behind")]
+
+
+def test_admission_does_not_let_a_smaller_request_overtake(model):
+    """FIFO: once a candidate waits for memory, every later one waits too, even one that would fit; a candidate too
+    large for the whole pool is rejected and does not block the queue."""
+    cfg = model.cfg
+    kv = _manager(cfg, num_blocks=12, block_size=4)
+    held = kv.pool.allocate(4)                         # memory held by others: 8 blocks available
+    assert kv.plan_admission([6, 2], shared_prefix_blocks=3) == [("wait", "kv_full"), ("wait", "queued_behind")]
+    assert kv.plan_admission([2, 6, 1], shared_prefix_blocks=3) == [None, ("wait", "kv_full"),
+                                                                     ("wait", "queued_behind")]
+    assert kv.plan_admission([7, 4, 1]) == [None, ("wait", "kv_full"), ("wait", "queued_behind")]
+    too_big, small = kv.plan_admission([40, 2], shared_prefix_blocks=3)
+    assert too_big[0] == "reject" and too_big[1].startswith("too_large") and small is None
+    kv.pool.free(held)
+    assert kv.plan_admission([6, 2], shared_prefix_blocks=3) == [None, None]
 
 
 def test_invariants_catch_corruption(model):

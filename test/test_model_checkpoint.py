@@ -1,7 +1,8 @@
 """Checkpoint IO of ``oxygen_ros/model/checkpoint.py`` on tiny models saved in the real file layouts: openpi
 (``model.safetensors`` with the tied weight stored only as ``paligemma.lm_head.weight`` + ``config.json`` +
 ``assets/<id>/norm_stats.json``) and LeRobot (``model.`` prefix, older ``action_time_mlp_*`` names) load back
-bit-exactly with the fp32 dtype plan; the unused expert lm_head is ignored; corrupted, mismatched and missing files
+bit-exactly with the fp32 dtype plan (the models hold random values in every parameter, norms included, so a loader
+that swaps or drops a tensor is seen); the unused expert lm_head is ignored; corrupted, mismatched and missing files
 fail with a ``CheckpointError`` that lists the offending keys; nothing is ever unpickled.
 """
 import json
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from model_fixtures import neutral_parameters, randomize_parameters
 from oxygen_ros.model import (ByteTokenizer, CheckpointError, NormStats, build_model, get_config, load_checkpoint,
                               save_checkpoint)
 from oxygen_ros.model.checkpoint import EMBED, EXPERT_LM_HEAD, LM_HEAD
@@ -23,7 +25,9 @@ STATS = NormStats.from_dict({"norm_stats": {"state": {"mean": [0, 0], "std": [1,
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build_model(get_config("tiny"), seed=4)
+    m = randomize_parameters(build_model(get_config("tiny"), seed=4), seed=4)
+    assert neutral_parameters(m) == []
+    return m
 
 
 def same_weights(a, b):
@@ -70,7 +74,8 @@ def test_round_trip_bit_exact(tiny, tmp_path, layout):
 
 
 def test_bf16_checkpoint_keeps_fp32_plan(tmp_path):
-    m = build_model(get_config("tiny"), dtype="bfloat16", seed=5)
+    m = randomize_parameters(build_model(get_config("tiny"), dtype="bfloat16", seed=5), seed=5)
+    assert neutral_parameters(m) == []
     save_checkpoint(m, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["precision"] == "bfloat16" and cfg["action_horizon"] == 10 and cfg["action_dim"] == 32

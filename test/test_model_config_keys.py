@@ -1,9 +1,11 @@
 """Model configuration and parameter layout: the ``pi05`` preset built on the meta device has exactly openpi's
 state_dict (813 keys, same order, shapes and the bf16/fp32 dtype plan of ``test/data/pi05_openpi_state_dict.tsv``,
 copied from the reference so CI on a robot needs no ../shared); the LM head is tied to ``embed_tokens``; the
-``bench-cpu`` preset has its fixed numbers; every shape follows the config (no hard-coded head counts); invalid
-configs are refused; ``oxygen_ros/model`` never imports rclpy.
+``bench-cpu`` preset has its fixed numbers; every shape follows the config (no hard-coded head counts) and a 6-query /
+2-KV-head model computes the naive reference's numbers; bf16 differs from the same weights in fp32 by rounding only;
+invalid configs are refused; ``oxygen_ros/model`` never imports rclpy.
 """
+import copy
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_fixtures import randomize_parameters
 from oxygen_ros.model import Pi05Model, build_model, get_config
 from oxygen_ros.model.pi05 import keeps_fp32
+from pi05_reference import joint_forward, reference_actions
 
 TSV = Path(__file__).parent / "data" / "pi05_openpi_state_dict.tsv"
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,16 +71,32 @@ def test_shapes_follow_the_config():
     assert m.cfg.prefix_len == 2 * 256 + 200
 
 
-def test_non_default_heads_run_end_to_end():
+def _inputs(cfg, n_tokens=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S = cfg.image_size
+    return (torch.rand(1, 3, 3, S, S, generator=g) * 2 - 1, torch.ones(1, 3, dtype=torch.bool),
+            torch.randint(3, cfg.vocab_size, (1, n_tokens), generator=g), torch.ones(1, n_tokens, dtype=torch.bool))
+
+
+def _rel_err(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_non_default_heads_match_the_reference():
+    """6 query heads on 2 KV heads (head_dim 8): the shapes follow the config and the numbers are the naive
+    reference's (query head h reads KV head h // 3, as in Gemma), not merely finite (pitfall C)."""
     cfg = get_config("tiny", vlm={"num_heads": 6, "num_kv_heads": 2, "head_dim": 8},
                      expert={"num_heads": 6, "num_kv_heads": 2, "head_dim": 8})
-    m = build_model(cfg)
-    S = cfg.image_size
-    prefix = m.prefill(torch.zeros(1, 3, 3, S, S), torch.ones(1, 3, dtype=torch.bool),
-                       torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool), want_logits=True)
+    m = randomize_parameters(build_model(cfg, seed=6), seed=6)
+    images, im, tokens, tm = _inputs(cfg)
+    prefix = m.prefill(images, im, tokens, tm, want_logits=True)
     assert prefix.k[0].shape == (1, cfg.num_image_tokens + 5, 2, 8)
-    a = m.sample_actions(prefix, torch.randn(1, cfg.action_horizon, cfg.action_dim), num_steps=2)
-    assert a.shape == (1, cfg.action_horizon, cfg.action_dim) and torch.isfinite(a).all()
+    noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=torch.Generator().manual_seed(1))
+    a = m.sample_actions(prefix, noise, num_steps=2)
+    assert a.shape == (1, cfg.action_horizon, cfg.action_dim)
+    assert _rel_err(a[0], reference_actions(m, images[0], im[0], tokens[0], tm[0], noise[0], 2)) <= 1e-5
+    ref_logits, _, _ = joint_forward(m, images[0], im[0], tokens[0], tm[0])
+    assert _rel_err(prefix.last_logits[0], ref_logits[-1]) <= 1e-5
 
 
 def test_bench_cpu_preset_is_fixed():
@@ -120,14 +140,19 @@ def test_dtype_plan_and_bf16_runs():
     assert keeps_fp32("time_mlp_in.weight") and keeps_fp32(
         "paligemma_with_expert.gemma_expert.model.layers.3.input_layernorm.dense.bias")
     assert not keeps_fp32("paligemma_with_expert.paligemma.model.vision_tower.vision_model.post_layernorm.weight")
-    m = build_model(get_config("tiny"), dtype="bfloat16")
+    m = randomize_parameters(build_model(get_config("tiny"), dtype="bfloat16"))
     assert m.dtype == torch.bfloat16 and m.time_mlp_in.weight.dtype == torch.float32
-    S = m.cfg.image_size
-    prefix = m.prefill(torch.zeros(1, 3, 3, S, S), torch.ones(1, 3, dtype=torch.bool),
-                       torch.ones(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool), want_logits=True)
+    prefix = m.prefill(*_inputs(m.cfg), want_logits=True)
     assert prefix.k[0].dtype == torch.bfloat16 and prefix.last_logits.dtype == torch.float32
-    a = m.sample_actions(prefix, torch.randn(1, m.cfg.action_horizon, m.cfg.action_dim), num_steps=2)
-    assert a.dtype == torch.float32 and torch.isfinite(a).all()
+    noise = torch.randn(1, m.cfg.action_horizon, m.cfg.action_dim, generator=torch.Generator().manual_seed(2))
+    a = m.sample_actions(prefix, noise, num_steps=2)
+    assert a.dtype == torch.float32
+    # the same weights computed in fp32: bf16 differs by rounding only (~0.2-0.5% here), not by a wrong path
+    m32 = copy.deepcopy(m)
+    m32.apply_dtype_plan(torch.float32)
+    p32 = m32.prefill(*_inputs(m.cfg), want_logits=True)
+    assert _rel_err(a, m32.sample_actions(p32, noise, num_steps=2)) < 3e-2
+    assert _rel_err(prefix.last_logits, p32.last_logits) < 3e-2
     from oxygen_ros.model import DecodeBatch
     P = prefix.length
     outs = []

@@ -9,7 +9,6 @@ into ``engine.submit``, every dropped / rejected / refused prompt ending with a 
 """
 from __future__ import annotations
 
-import math
 import sqlite3
 import time
 
@@ -144,8 +143,10 @@ def test_control_tick_publishes_named_remainder(ros, node):
     node.pipeline._on_actions(ActionResult(5, 200, stamp, np.arange(12, dtype=np.float32).reshape(4, 3), 3.0))
     assert ros.wait_for(lambda: any(m.chunk_id == 200 for _, m in chunks), 5)
     m = next(m for _, m in chunks if m.chunk_id == 200)
-    assert list(m.joint_names) == ["x", "y", "z"] and m.action_dim == 3 and m.horizon <= 4
-    assert all(math.isfinite(v) for v in m.actions) and m.inference_latency_ms == pytest.approx(3.0)
+    assert list(m.joint_names) == ["x", "y", "z"] and m.action_dim == 3 and 1 <= m.horizon <= 4
+    # the not-yet-executed remainder: the chunk's last `horizon` rows, row-major, values unchanged
+    assert list(m.actions) == np.arange(12, dtype=np.float32)[12 - 3 * m.horizon:].tolist()
+    assert m.inference_latency_ms == pytest.approx(3.0)
     assert abs((m.header.stamp.sec + m.header.stamp.nanosec * 1e-9) - stamp) < 1e-6
 
 

@@ -44,7 +44,7 @@ def test_demo_short_run(tmp_path):
     png = tmp_path / "demo_timeline.png"
     assert png.is_file() and png.stat().st_size > 10_000
     s = json.loads((tmp_path / "demo_summary.json").read_text())
-    assert s["control_rate_hz"] >= 0.8 * 70 * 0.9   # measured from the first chunk on; generous
+    assert s["control_rate_hz"] >= 0.8 * 70         # measured from the first chunk on
     assert s["node_exit_code"] == 0 and s["node_shutdown_s"] < 5.0
     assert s["chunks_computed"] > 5 and s["tokens"] > 0
 

@@ -1,6 +1,7 @@
 """Fast unit tests of the ROS layer's pure parts: image conversion (numpy path, and equivalence with the ROS 2
-cv_bridge where installed), the control chunk buffer (remainder indexing, blending, hold/stop), the SQLite memory
-store (one committed row per entry, ids continue across reopen) and the diagnostics levels.  No DDS, no model."""
+cv_bridge where installed), the control chunk buffer (remainder indexing, blending, stop, and hold = the last
+*executed* action, also when the chunk was replaced or its last rows were never sampled), the SQLite memory store
+(one committed row per entry, ids continue across reopen) and the diagnostics levels.  No DDS, no model."""
 from __future__ import annotations
 
 import os
@@ -145,6 +146,29 @@ def test_hold_repeats_last_action():
     s = buf.sample(5.0)
     assert s.held and s.actions.shape == (1, 2)
     np.testing.assert_array_equal(s.actions[0], last.actions[0])
+
+
+@pytest.mark.parametrize("case", ["ticks_skip_the_last_rows", "replaced_then_used_up_unsampled",
+                                  "replaced_by_a_chunk_expired_on_arrival"])
+def test_hold_repeats_the_last_executed_action_not_the_chunks_last_row(case):
+    """hold repeats the action the robot last executed: when ticks skip the chunk's last rows, or the chunk is
+    replaced before its last row was ever sampled, that is neither the chunk's nor the replacement's last row."""
+    origin = "capture" if case == "replaced_by_a_chunk_expired_on_arrival" else "arrival"
+    buf = ChunkBuffer(0.1, stale_behavior="hold", time_origin=origin)
+    a, b = _chunk(base=0.0), _chunk(base=1000.0)
+    buf.push(a, chunk_id=1, frame_index=0, capture_time=0.0, ready_time=0.0)
+    executed = buf.sample(0.35)
+    assert executed.index == 3 and not executed.held
+    if case == "replaced_then_used_up_unsampled":
+        buf.push(b, chunk_id=2, frame_index=1, capture_time=0.3, ready_time=0.4)     # b's rows: 0.4 .. 1.3 s
+    elif case == "replaced_by_a_chunk_expired_on_arrival":
+        buf.push(b, chunk_id=2, frame_index=1, capture_time=0.3, ready_time=1.5)     # b's rows ended at 1.3 s
+        assert buf.chunks_expired_on_arrival == 1
+    s = buf.sample(5.0)
+    assert s.held and s.actions.shape == (1, 2)
+    np.testing.assert_array_equal(s.actions[0], a[3])
+    assert not np.array_equal(s.actions[0], a[-1]) and not np.array_equal(s.actions[0], b[-1])
+    np.testing.assert_array_equal(buf.sample(6.0).actions[0], a[3])                  # and keeps holding it
 
 
 def test_blend_crossfades_old_remainder():

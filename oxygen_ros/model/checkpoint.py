@@ -6,9 +6,10 @@ action_horizon, paligemma_variant, action_expert_variant, precision``, ``assets/
 to ``time_mlp_*``, stats in ``policy_{pre,post}processor_step_*_{normalizer,unnormalizer}_processor.safetensors``).
 The tied LM head is stored once, as ``paligemma.lm_head.weight``, and copied into
 ``embed_tokens``; the unused expert ``lm_head`` is ignored; every other key is checked strictly (a ``CheckpointError``
-lists missing / unexpected / mis-shaped keys).  Parameters keep the model's dtype plan (fp32 for patch/position
-embeddings, norms, action/time projections).  ``save_checkpoint`` writes both layouts (used by tests and to make tiny
-checkpoints; non-pi05 presets are named in config.json as ``oxygen_preset``).
+lists missing / unexpected / mis-shaped keys).  Parameters keep the model's dtype plan (fp32 for SigLIP's
+patch/position embeddings, the Gemma (ada)RMS norms and the action/time projections; SigLIP's LayerNorms in the model
+dtype).  ``save_checkpoint`` writes both layouts (used by tests and to make tiny checkpoints; non-pi05 presets are
+named in config.json as ``oxygen_preset``).
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class ByteTokenizer:
 
     @staticmethod
     def placeholder(token_id: int) -> str:
-        """Deterministic pronounceable word for an id without a byte, e.g. 259 -> ' bafa'."""
+        """Deterministic pronounceable word for an id without a byte, e.g. 259 -> ' baba', 300 -> ' neba'."""
         n = token_id - 256 - ByteTokenizer.OFFSET
         syl = []
         for _ in range(2):
