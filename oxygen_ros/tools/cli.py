@@ -9,6 +9,7 @@
   oxygen bag-eval BAG [...]     run a bag through the node's inference path offline, deterministically -> output bag
   oxygen bag-diff A B [...]     compare two output bags (actions per joint, texts per answer); exit 1 if they differ
   oxygen ros-bench [...]        control-topic rate, jitter and camera-to-chunk latency through real DDS
+  oxygen soak [...]             minutes of node + replay + questions, sampling the node's RSS (memory stays flat)
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` runs on a machine without ROS.
 """
@@ -25,6 +26,7 @@ COMMANDS = {
     "bag-eval": ("oxygen_ros.tools.bag_eval", "main"),
     "bag-diff": ("oxygen_ros.tools.bag_diff", "main"),
     "ros-bench": ("oxygen_ros.tools.ros_bench", "main"),
+    "soak": ("oxygen_ros.tools.soak", "main"),
 }
 
 
