@@ -328,3 +328,18 @@ def test_reporter_throttles_per_reason_not_globally():
     t[0] = 2.5
     r.reject("image_aspect", "a")
     assert cap.count("(image_aspect)") == 2 and cap.count("+4 more") == 1
+
+
+def test_a_simulated_clock_that_starts_late_is_not_reported_as_silence():
+    """With use_sim_time the node's clock reads 0 until /clock arrives, then jumps to bag time: the start-up grace
+    counts from the first real time, and no input is reported as silent (or as back after 1e9 s)."""
+    h = Harness()
+    h.now = 0
+    h.pl.reset_io()
+    h.pl.watch(0)
+    h.now = 1_700_000_000 * S                 # /clock starts: bag time
+    h.pl.watch(h.now)
+    h.advance(0.1)
+    h.feed()
+    assert h.step() == ("ran", 1)
+    assert not [m for _, m in h.log.lines if "no message yet" in m or "receiving again" in m], h.log.lines

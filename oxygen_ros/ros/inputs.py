@@ -277,6 +277,8 @@ class Freshness:
 
     def update(self, age_ns: int | None, now_ns: int, consequence: str) -> bool:
         """``age_ns`` of the newest sample (None = none yet); returns True while it is too old."""
+        if not self.started_ns:               # a simulated clock that had not started (time 0) when we began
+            self.started_ns = now_ns
         stale = age_ns is None or age_ns > self.max_age_ns
         in_grace = age_ns is None and now_ns - self.started_ns <= self.max_age_ns
         if stale and not in_grace:
