@@ -1,7 +1,7 @@
 """Signal storms: ``oxygen_node`` as a separate process must exit with status 0 within 5 s and print no traceback for
 every signal sequence a robot's process manager produces: SIGINT, SIGINT twice 50 ms apart (``ros2 launch`` with a
 non-tty stdin sends two), SIGTERM, SIGINT then SIGTERM (a supervisor escalating mid-shutdown), SIGTERM twice, and a
-signal during *configure* (the model still loading).  The nodes run concurrently (own namespaces) while inference
+signal during *configure* (the model still loading); and the node leaves the ROS graph at once.  The nodes run concurrently (own namespaces) while inference
 cycles and the control loop are busy, fed by a replayed bag; one test per sequence shares that set-up.
 """
 from __future__ import annotations
@@ -64,8 +64,9 @@ def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
 
 
 @pytest.mark.parametrize("name", list(SEQUENCES))
-def test_signal_sequence_exits_cleanly(nodes, name):
+def test_signal_sequence_exits_cleanly(ros, nodes, name):
     p = nodes[name]
+    assert ros.wait_for(lambda: ("oxygen_node", f"/sig_{name}") in ros.node.get_node_names_and_namespaces(), 10)
     assert p.alive() and "active:" in p.log(), f"node not running before the signals:\n{p.log()[-2000:]}"
     rc, dt = _deliver(p, SEQUENCES[name])
     log = p.log()
@@ -73,6 +74,9 @@ def test_signal_sequence_exits_cleanly(nodes, name):
     assert dt < 5.0, f"{name}: took {dt:.1f} s to exit"
     bad = [b for b in BAD_OUTPUT if b in log]
     assert not bad, f"{name}: {bad} in the node's output:\n{log[-3000:]}"
+    # it also leaves the ROS graph at once (not only when its DDS lease expires, ~20 s later)
+    assert ros.wait_for(lambda: ("oxygen_node", f"/sig_{name}") not in ros.node.get_node_names_and_namespaces(),
+                        3.0), f"{name}: still listed in the ROS graph 3 s after exiting"
 
 
 def test_signal_during_configure_exits_cleanly(tmp_path):
