@@ -28,7 +28,8 @@ import torch
 
 from ..kv.cache import KVCacheManager, RequestState
 from ..kv.pool import KVPool
-from ..model.pi05 import DecodeBatch, Prefix, SamplingParams, sample_tokens
+from ..model.compiled import COMPILE_MODES, CompiledModel, compile_model
+from ..model.pi05 import DecodeBatch, SamplingParams, sample_tokens
 from ..model.tokenizer import StreamDecoder
 from .budget import make_budget
 from .metrics import CycleRecord, Metrics
@@ -58,6 +59,9 @@ class EngineConfig:
     sampling: Optional[SamplingParams] = None   # None = greedy
     memory_interval_s: Optional[float] = None   # if set, the engine itself submits a memory request this often
     memory_prompt: str = "Describe the scene."
+    compile: str = "none"                    # none (eager) | inductor | cudagraphs: see model/compiled.py; the graphs
+                                             # are built by Engine.warmup(), never inside a cycle
+    compile_batch_sizes: tuple = (1, 2, 4, 8, 16)   # decode / prompt batch buckets (capped at max_batch)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -68,6 +72,8 @@ class EngineConfig:
             raise ValueError("decode_k='adaptive' needs target_period_s")
         if self.max_new_tokens < 1 or self.max_batch < 1 or self.max_pending < 1:
             raise ValueError("max_new_tokens, max_batch and max_pending must be >= 1")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
 
 
 def _sync(device: torch.device) -> None:
@@ -104,6 +110,10 @@ class Engine:
         self.max_prompt_tokens = config.max_prompt_tokens or self.cfg.max_token_len
         self.S = config.denoise_steps or self.cfg.num_denoise_steps
         self.pool = pool or self._make_pool()
+        self.model = compile_model(model, config.compile, max_batch=config.max_batch,
+                                   prompt_len=self.max_prompt_tokens, max_new_tokens=config.max_new_tokens,
+                                   denoise_steps=self.S, batch_sizes=tuple(config.compile_batch_sizes),
+                                   sampled_decode=bool(config.sampling and config.sampling.temperature > 0))
         self.kv = KVCacheManager(self.pool, max_batch=config.max_batch)
         self.budget = make_budget(config.decode_k, config.target_period_s,
                                   **({"k_max": config.k_max} if config.decode_k == "adaptive" else {}))
@@ -135,6 +145,20 @@ class Engine:
             return KVPool.from_config(cfg, num_blocks=n, block_size=bs, dtype=dtype, device=self.device)
         return KVPool.from_config(cfg, kv_budget_mb=c.kv_budget_mb, num_blocks=c.kv_num_blocks,
                                   block_size=c.kv_block_size, dtype=dtype, device=self.device)
+
+    def warmup(self) -> dict:
+        """Build the compiled graphs (``config.compile`` != none; a no-op otherwise, and when already built for this
+        model and shapes).  Call before the first cycle (the node does it at configure).  Returns the compile stats
+        (mode in effect, seconds, graphs, error when it fell back to eager)."""
+        if isinstance(self.model, CompiledModel):
+            self.model.warmup(self.pool)
+        return self.compile_stats()
+
+    def compile_stats(self) -> dict:
+        if isinstance(self.model, CompiledModel):
+            return self.model.stats()
+        return {"compile": "none", "compile_requested": "none", "compile_s": 0.0, "compile_graphs": 0,
+                "compile_error": "", "eager_calls": {}}
 
     # ------------------------------------------------------------------ thread-safe submission
     def submit(self, kind: str, prompt: str = "", max_new_tokens: Optional[int] = None, *,
@@ -479,7 +503,7 @@ class Engine:
             toks, tmask = self._pad([lang[r.request_id] for r in others])
             tp = time.perf_counter()
             if iso_prefix:
-                img = _slice_prefix(prefix, self._img_dense)
+                img = prefix.head(self._img_dense)
                 ext = self.model.extend_prefix(img, toks, tmask, want_logits=True)
                 rec["prompt_extends"] += 1
                 own = None
@@ -647,7 +671,10 @@ class Engine:
         with self._lock:
             snap = dict(self._kv_snapshot)
             pend = len(self._pending)
+        cs = self.compile_stats()
         extra = {"mode": self.config.mode, "decode_k": self.config.decode_k, "denoise_steps": self.S,
+                 "compile": cs["compile"], "compile_s": cs["compile_s"],
+                 "compile_eager_calls": sum(cs["eager_calls"].values()),
                  "pending": pend, "kv_block_size": self.pool.block_size, **snap, **self.budget.state()}
         return self._metrics.summary(extra)
 
@@ -667,9 +694,3 @@ class Engine:
             n += 1
         return n
 
-
-def _slice_prefix(prefix, stop: int):
-    """The first `stop` dense positions of a prefix (views): the image part of an image_isolated prefix."""
-    mask = prefix.mask[:, :stop]
-    return Prefix([k[:, :stop] for k in prefix.k], [v[:, :stop] for v in prefix.v], mask,
-                  prefix.positions[:, :stop], mask.sum(dim=1), None)

@@ -61,6 +61,12 @@ class Prefix:
         return Prefix([k[idx] for k in self.k], [v[idx] for v in self.v], self.mask[idx], self.positions[idx],
                       self.next_position[idx], None if self.last_logits is None else self.last_logits[idx])
 
+    def head(self, stop: int) -> "Prefix":
+        """The first ``stop`` dense positions (views), e.g. the image part of an image_isolated prefix."""
+        mask = self.mask[:, :stop]
+        return Prefix([k[:, :stop] for k in self.k], [v[:, :stop] for v in self.v], mask, self.positions[:, :stop],
+                      mask.sum(dim=1), None)
+
     def expand(self, batch: int) -> "Prefix":
         """Broadcast a batch-1 prefix to ``batch`` rows (views, no copy)."""
         if self.batch_size == batch:
@@ -277,36 +283,50 @@ def _row_uniform(sp: SamplingParams, position: int) -> float:
     return torch.rand(()).item()
 
 
-def sample_tokens(logits: Tensor, sampling: list[SamplingParams] | None, positions: Tensor) -> Tensor:
-    """logits [B, V] fp32 -> ids [B].  Greedy rows (temperature 0) by argmax; the others by temperature + top-p
-    (nucleus) with one uniform draw per row (see SamplingParams), vectorised over the sampled rows; positions [B] are
-    the positions of the tokens whose logits these are (the seed rule's input)."""
+@dataclass
+class SamplerInputs:
+    """Per-row sampling inputs as tensors, built on the host so that the decode step itself never reads the device:
+    temperature / top_p / uniform [B] float64 (temperature 0 = a greedy row)."""
+    temperature: Tensor
+    top_p: Tensor
+    uniform: Tensor
+
+    @staticmethod
+    def build(sampling: list[SamplingParams] | None, positions: Tensor) -> "SamplerInputs | None":
+        """None when every row is greedy.  positions [B]: positions of the tokens whose logits are sampled (the
+        seed rule's input; read on the host once here)."""
+        if not sampling or all(sp.temperature <= 0 for sp in sampling):
+            return None
+        if len(sampling) != positions.shape[0]:
+            raise ValueError(f"sampling has {len(sampling)} entries for {positions.shape[0]} rows")
+        pos = positions.tolist()
+        u = [_row_uniform(sp, p) if sp.temperature > 0 else 0.0 for sp, p in zip(sampling, pos)]
+        f64 = dict(dtype=torch.float64, device=positions.device)
+        return SamplerInputs(torch.tensor([max(sp.temperature, 0.0) for sp in sampling], **f64),
+                             torch.tensor([sp.top_p for sp in sampling], **f64), torch.tensor(u, **f64))
+
+
+def sample_rows(logits: Tensor, s: SamplerInputs | None) -> Tensor:
+    """logits [B, V] fp32 -> ids [B], a pure tensor function (no host reads; compiles into the decode step).
+    Greedy rows (temperature 0) by argmax; the others by temperature + top-p (nucleus): tokens sorted by
+    probability, those outside the smallest set reaching top_p dropped (top_p 1 keeps all), then the first token whose
+    cumulative probability exceeds the row's uniform draw u.  Row-wise, so batch-invariant."""
     greedy = logits.argmax(-1)
-    if not sampling or all(sp.temperature <= 0 for sp in sampling):
+    if s is None:
         return greedy
-    if len(sampling) != logits.shape[0]:
-        raise ValueError(f"sampling has {len(sampling)} entries for {logits.shape[0]} rows")
-    dev = logits.device
-    rows = [i for i, sp in enumerate(sampling) if sp.temperature > 0]
-    sps = [sampling[i] for i in rows]
-    pos = positions.tolist()
-    temp = torch.tensor([sp.temperature for sp in sps], device=dev, dtype=torch.float64)
-    top_p = torch.tensor([sp.top_p for sp in sps], device=dev, dtype=torch.float64)
-    u = torch.tensor([_row_uniform(sp, pos[i]) for sp, i in zip(sps, rows)], device=dev, dtype=torch.float64)
-    idx_rows = torch.tensor(rows, device=dev)
-    probs = torch.softmax(logits.index_select(0, idx_rows).double() / temp[:, None], dim=-1)   # [Bs, V]
-    if bool((top_p < 1.0).any()):
-        probs, order = probs.sort(dim=-1, descending=True)
-        keep = (probs.cumsum(-1) - probs) < top_p[:, None]        # always keeps the most likely token
-        probs = probs * keep
-    else:
-        order = None
+    sampled_row = s.temperature > 0
+    temp = torch.where(sampled_row, s.temperature, 1.0)
+    probs = torch.softmax(logits.double() / temp[:, None], dim=-1)                  # [B, V]
+    probs, order = probs.sort(dim=-1, descending=True)
+    probs = probs * ((probs.cumsum(-1) - probs) < s.top_p[:, None])                # always keeps the top token
     cdf = probs.cumsum(-1)
-    choice = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)  # [Bs, 1]
-    sampled = (order.gather(-1, choice) if order is not None else choice)[:, 0]
-    out = greedy.clone()
-    out[idx_rows] = sampled
-    return out
+    choice = torch.searchsorted(cdf, s.uniform[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)
+    return torch.where(sampled_row, order.gather(-1, choice)[:, 0], greedy)
+
+
+def sample_tokens(logits: Tensor, sampling: list[SamplingParams] | None, positions: Tensor) -> Tensor:
+    """logits [B, V] fp32 -> ids [B] for SamplingParams per row (see ``SamplerInputs`` / ``sample_rows``)."""
+    return sample_rows(logits, SamplerInputs.build(sampling, positions))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -412,6 +432,9 @@ class Pi05Model(nn.Module):
         B, C = images.shape[:2]
         N = self.cfg.image_tokens_per_camera
         flat = images.reshape(B * C, *images.shape[2:])
+        if torch.compiler.is_compiling():        # static shapes: run every slot, zero the masked ones (no nonzero())
+            feats = self.projector(self.vision(flat, self.dtype)).to(self.dtype)            # [B*C, N, W]
+            return torch.where(image_masks.reshape(B * C, 1, 1), feats, 0).view(B, C * N, -1)
         valid = image_masks.reshape(B * C).nonzero().squeeze(1)
         out = torch.zeros(B * C, N, self.cfg.vlm.width, dtype=self.dtype, device=images.device)
         if valid.numel():
@@ -536,7 +559,7 @@ class Pi05Model(nn.Module):
                 any_valid = last >= 0
                 hl = h[torch.arange(h.shape[0], device=h.device), last.clamp(min=0)]    # [B, W]
                 last_logits = self._logits(hl)
-                if fallback_logits is not None and not bool(any_valid.all()):
+                if fallback_logits is not None:               # rows without a valid token keep the old logits
                     last_logits = torch.where(any_valid[:, None], last_logits, fallback_logits)
         next_position = mask.sum(dim=1)
         return Prefix(k, v, mask, positions, next_position, last_logits)
@@ -644,23 +667,32 @@ class Pi05Model(nn.Module):
         ``kv.k[l][write_slots]`` / ``kv.v[l][write_slots]`` (the only write), gathers ``read_slots`` (which include
         the write slot) and attends with ``read_mask``.
         Returns the next ids (greedy or ``sampling``) and fp32 logits."""
-        ids, pos = batch.token_ids, batch.positions
-        x = self.embed_tokens(ids[:, None])                                                   # [B, 1, W]
-        mask = batch.read_mask.bool()[:, None, :]                                            # [B, 1, T]
-        ws, rs = batch.write_slots, batch.read_slots
-        rs_flat = rs.reshape(-1)                                   # index_select is ~3x faster than kl[rs] on CPU
+        sampler = SamplerInputs.build(batch.sampling, batch.positions)
+        ids, logits = self.decode_step(batch.token_ids, batch.positions, batch.write_slots, batch.read_slots,
+                                       batch.read_mask, kv.k, kv.v, sampler)
+        return DecodeOutput(ids, logits)
+
+    def decode_step(self, token_ids: Tensor, positions: Tensor, write_slots: Tensor, read_slots: Tensor,
+                    read_mask: Tensor, k_pool: list[Tensor], v_pool: list[Tensor],
+                    sampler: SamplerInputs | None = None) -> tuple[Tensor, Tensor]:
+        """``decode`` as a pure tensor function (what ``model/compiled.py`` compiles): token_ids / positions /
+        write_slots [B] long, read_slots [B, T] long, read_mask [B, T] bool, k_pool / v_pool NL x [num_slots, Hkv, D]
+        (written in place at write_slots) -> (next ids [B] long, logits [B, V] fp32).  No host reads."""
+        x = self.embed_tokens(token_ids[:, None])                                             # [B, 1, W]
+        mask = read_mask.bool()[:, None, :]                                                   # [B, 1, T]
+        rs_flat = read_slots.reshape(-1)                           # index_select is ~3x faster than kl[rs] on CPU
 
         def kv_hook(l, k, v):                                   # k/v [B, 1, Hkv, D]
-            kl, vl = kv.k[l], kv.v[l]
-            kl.index_copy_(0, ws, k[:, 0].to(kl.dtype))
-            vl.index_copy_(0, ws, v[:, 0].to(vl.dtype))
-            shape = (*rs.shape, *kl.shape[1:])                    # [B, T, Hkv, D]
+            kl, vl = k_pool[l], v_pool[l]
+            kl.index_copy_(0, write_slots, k[:, 0].to(kl.dtype))
+            vl.index_copy_(0, write_slots, v[:, 0].to(vl.dtype))
+            shape = (*read_slots.shape, *kl.shape[1:])            # [B, T, Hkv, D]
             return (kl.index_select(0, rs_flat).view(shape).to(k.dtype),
                     vl.index_select(0, rs_flat).view(shape).to(v.dtype))
 
-        h, _, _, _ = self._layers(x, None, None, pos[:, None], mask, kv_hook=kv_hook)
+        h, _, _, _ = self._layers(x, None, None, positions[:, None], mask, kv_hook=kv_hook)
         logits = self._logits(h[:, 0])
-        return DecodeOutput(sample_tokens(logits, batch.sampling, pos), logits)
+        return sample_rows(logits, sampler), logits
 
     # ---- joint forward (openpi-style: both towers in one pass; used for training-style velocity) -----------------
     def forward(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor, x_t: Tensor,

@@ -1,0 +1,306 @@
+"""Static-shape, compiled execution of the model's primitives (``compile: none | inductor | cudagraphs``).
+
+``CompiledModel`` wraps a ``Pi05Model`` and offers the same four primitives the engine calls (``prefill``,
+``extend_prefix``, ``sample_actions``, ``decode``), so the engine's code paths do not change with the setting.  Each
+call is padded to one of a few fixed shapes and run through a graph compiled for that shape:
+
+- prefill / extend_prefix: the prompt is padded to a fixed length (``cfg.max_token_len``, or the engine's
+  ``max_prompt_tokens``) and the batch to a batch bucket; padded rows and tokens are masked (an invalid token sees only
+  itself and is seen by nobody), so the valid rows' K/V and logits equal the unpadded call's (up to float rounding);
+- sample_actions: the whole S-step Euler loop for the fixed prefix length ``C*N + max_token_len`` is one graph;
+- decode: batch padded to a bucket (padded rows repeat row 0: same token, position, write slot and reads, so the
+  duplicate write stores the same values) and the read length to ``max_context`` (padding reads masked out);
+  sampling runs inside the step (``pi05.sample_rows`` with the uniforms drawn on the host beforehand), and the next
+  ids stay on the device until the engine's one host read per step.
+
+The graphs hold no host synchronisation and compile with ``fullgraph=True``.  All of them are compiled (and, for
+``cudagraphs``, captured) in ``warmup()``, which the engine runs when it is built (the node: at configure), never in a
+control cycle; a call whose shape has no warmed graph (a longer context than ``max_context``, a sampled decode when
+only greedy graphs were warmed, ...) runs eagerly and is counted in ``stats()["eager_calls"]``.  ``inductor`` =
+``torch.compile`` (CPU and GPU); ``cudagraphs`` = ``torch.compile(mode="reduce-overhead")`` (CUDA graphs per shape;
+the KV pool tensors are marked static so the in-place K/V writes are captured; outputs are cloned before the next
+replay can overwrite them).  A compile failure turns the whole wrapper eager with a warning (never a dead node).
+``none`` is the identity (the model's own eager methods).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .pi05 import DecodeBatch, DecodeOutput, Pi05Model, Prefix, SamplerInputs
+
+COMPILE_MODES = ("none", "inductor", "cudagraphs")
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
+
+
+def batch_buckets(max_batch: int, buckets=DEFAULT_BATCH_BUCKETS) -> tuple[int, ...]:
+    """The decode / prompt batch sizes that get a graph: ``buckets`` up to ``max_batch``, plus ``max_batch``."""
+    out = sorted({b for b in buckets if 0 < b < max_batch} | {int(max_batch)})
+    return tuple(out)
+
+
+def _bucket(n: int, sizes) -> int | None:
+    for s in sizes:
+        if n <= s:
+            return s
+    return None
+
+
+def _pad_rows(t: Tensor, B: int, fill=None) -> Tensor:
+    """t [b, ...] -> [B, ...]: extra rows are ``fill`` (a scalar) or, when None, copies of row 0."""
+    b = t.shape[0]
+    if b == B:
+        return t
+    extra = t[:1].expand(B - b, *t.shape[1:]) if fill is None else t.new_full((B - b, *t.shape[1:]), fill)
+    return torch.cat([t, extra], 0)
+
+
+def _pad_cols(t: Tensor, L: int, fill) -> Tensor:
+    """t [B, l] -> [B, L] padded with ``fill`` (a scalar or a [B] tensor)."""
+    l = t.shape[1]
+    if l == L:
+        return t
+    if isinstance(fill, Tensor):
+        return torch.cat([t, fill[:, None].expand(t.shape[0], L - l)], 1)
+    return torch.cat([t, t.new_full((t.shape[0], L - l), fill)], 1)
+
+
+def _rows(prefix: Prefix, B: int) -> Prefix:
+    if prefix.batch_size == B:
+        return prefix
+    return Prefix([k[:B] for k in prefix.k], [v[:B] for v in prefix.v], prefix.mask[:B], prefix.positions[:B],
+                  prefix.next_position[:B], None if prefix.last_logits is None else prefix.last_logits[:B])
+
+
+@dataclass
+class CompileReport:
+    mode: str                                   # the mode in effect ("none" after a fallback)
+    requested: str
+    compile_s: float = 0.0                      # wall time of warmup()
+    graphs: dict = field(default_factory=dict)  # graph key -> compile (first call) seconds
+    error: str = ""                             # why it fell back to eager, if it did
+
+
+class CompiledModel:
+    """``Pi05Model``'s primitives at static shapes, compiled once.  Attribute access falls through to the model."""
+
+    def __init__(self, model: Pi05Model, mode: str = "inductor", *, max_batch: int = 16, prompt_len: int | None = None,
+                 max_context: int | None = None, max_new_tokens: int = 30, denoise_steps: int | None = None,
+                 batch_sizes=DEFAULT_BATCH_BUCKETS, sampled_decode: bool = False):
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {mode!r}")
+        self.model = model
+        cfg = self.cfg = model.cfg
+        self.requested = mode
+        if mode == "cudagraphs" and model.device.type != "cuda":
+            warnings.warn(f"compile='cudagraphs' needs a CUDA device (model is on {model.device}); using 'inductor'")
+            mode = "inductor"
+        self.mode = mode
+        self.S = denoise_steps or cfg.num_denoise_steps
+        self.batch_sizes = batch_buckets(max_batch, batch_sizes)
+        self.prompt_lens = tuple(sorted({cfg.max_token_len, int(prompt_len or cfg.max_token_len)}))
+        self.max_context = int(max_context or (cfg.num_image_tokens + max(self.prompt_lens) + max_new_tokens))
+        self.sampled_decode = sampled_decode
+        self._graphs: dict = {}                 # key -> compiled callable (present = warmed)
+        self.eager_calls: dict[str, int] = {}
+        self.report = CompileReport(self.mode, self.requested)
+
+    def __getattr__(self, name):                # cfg, dtype, device, parameters(), embed_images, ...
+        return getattr(self.__dict__["model"], name)
+
+    # ------------------------------------------------------------------ compilation
+    def _compile(self, fn):
+        if self.mode == "cudagraphs":
+            return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        return torch.compile(fn, fullgraph=True, dynamic=False)
+
+    def _graph_fns(self, pool):
+        m = self.model
+        return {
+            "prefill": lambda *a: m.prefill(*a, want_logits=True),
+            "extend": lambda p, t, tm: m.extend_prefix(p, t, tm, want_logits=True),
+            "actions": lambda p, noise: m.sample_actions(p, noise, self.S),
+            "decode": lambda ids, pos, ws, rs, rm, k, v: m.decode_step(ids, pos, ws, rs, rm, k, v, None),
+            "decode_sampled": lambda ids, pos, ws, rs, rm, k, v, s: m.decode_step(ids, pos, ws, rs, rm, k, v, s),
+        }
+
+    def warmup(self, pool=None) -> CompileReport:
+        """Compile (and capture) every graph this configuration can use, by running each once (three times for
+        cudagraphs) on dummy inputs; ``pool`` = the engine's KVPool (decode graphs read and write it; warm-up writes
+        only slot 0, which must be free).  Idempotent.  On any failure: warns, and every primitive runs eagerly."""
+        if self.mode == "none" or self._graphs:
+            return self.report
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                self._warm_all(pool)
+        except Exception as e:                              # noqa: BLE001 - any compiler failure: run eagerly
+            self._graphs.clear()
+            self.report.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            warnings.warn(f"compile={self.requested!r} failed, running eagerly: {self.report.error}")
+            self.mode = self.report.mode = "none"
+        self.report.compile_s = time.perf_counter() - t0
+        return self.report
+
+    def _warm(self, key, fn, *args):
+        g = self._compile(fn)
+        t = time.perf_counter()
+        for _ in range(3 if self.mode == "cudagraphs" else 1):
+            if self.mode == "cudagraphs":
+                torch.compiler.cudagraph_mark_step_begin()
+            out = g(*args)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.report.graphs["/".join(map(str, key))] = round(time.perf_counter() - t, 3)
+        self._graphs[key] = g
+        return out
+
+    def _warm_all(self, pool) -> None:
+        cfg, dev = self.cfg, self.model.device
+        fns = self._graph_fns(pool)
+        C, S = cfg.num_cameras, cfg.image_size
+        images = torch.zeros(1, C, 3, S, S, device=dev)
+        masks = torch.ones(1, C, dtype=torch.bool, device=dev)
+        L0 = cfg.max_token_len
+        toks = torch.full((1, L0), cfg.pad_id, dtype=torch.long, device=dev)
+        tmask = torch.zeros(1, L0, dtype=torch.bool, device=dev)
+        tmask[:, :1] = True
+        prefix = self._own(self._warm(("prefill", 1, L0), fns["prefill"], images, masks, toks, tmask))
+        noise = torch.zeros(1, cfg.action_horizon, cfg.action_dim, device=dev)
+        self._warm(("actions", prefix.length, self.S), fns["actions"], prefix, noise)
+        iso = cfg.prefix_attention == "image_isolated"
+        for L in self.prompt_lens:
+            for B in self.batch_sizes:
+                t = torch.full((B, L), cfg.pad_id, dtype=torch.long, device=dev)
+                tm = torch.zeros(B, L, dtype=torch.bool, device=dev)
+                tm[:, :1] = True
+                if B == 1 and ("prefill", 1, L) not in self._graphs:
+                    self._warm(("prefill", 1, L), fns["prefill"], images, masks, t, tm)
+                if iso:
+                    img = prefix.head(cfg.num_image_tokens)
+                    self._warm(("extend", B, L), fns["extend"], img, t, tm)
+                elif B > 1:
+                    self._warm(("prefill", B, L), fns["prefill"], images.expand(B, *images.shape[1:]),
+                               masks.expand(B, C), t, tm)
+        if pool is None:
+            return
+        if self.mode == "cudagraphs":
+            for t in pool.k + pool.v:
+                torch._dynamo.mark_static_address(t)
+        T = self.max_context
+        for B in self.batch_sizes:
+            ids, pos, ws = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))   # distinct (aliasing is guarded)
+            rs = torch.zeros(B, T, dtype=torch.long, device=dev)
+            rm = torch.zeros(B, T, dtype=torch.bool, device=dev)
+            rm[:, 0] = True
+            self._warm(("decode", B, T), fns["decode"], ids, pos, ws, rs, rm, pool.k, pool.v)
+            if self.sampled_decode:
+                f64 = dict(dtype=torch.float64, device=dev)
+                s = SamplerInputs(torch.ones(B, **f64), torch.full((B,), 0.9, **f64), torch.full((B,), 0.5, **f64))
+                self._warm(("decode_sampled", B, T), fns["decode_sampled"], ids, pos, ws, rs, rm, pool.k, pool.v, s)
+
+    def _own(self, x):
+        """Outputs of a cudagraph are overwritten by its next replay: keep a copy of what outlives the call."""
+        if self.mode != "cudagraphs":
+            return x
+        if isinstance(x, Prefix):
+            return Prefix([k.clone() for k in x.k], [v.clone() for v in x.v], x.mask.clone(), x.positions.clone(),
+                          x.next_position.clone(), None if x.last_logits is None else x.last_logits.clone())
+        if isinstance(x, tuple):
+            return tuple(t.clone() for t in x)
+        return x.clone()
+
+    def _run(self, key, *args):
+        g = self._graphs.get(key)
+        if g is None:
+            return None
+        with torch.no_grad():                   # as in warmup(): grad mode is part of a graph's guards
+            if self.mode == "cudagraphs":
+                torch.compiler.cudagraph_mark_step_begin()
+            return self._own(g(*args))
+
+    def _eager(self, what: str):
+        self.eager_calls[what] = self.eager_calls.get(what, 0) + 1
+
+    def stats(self) -> dict:
+        return {"compile": self.mode, "compile_requested": self.requested,
+                "compile_s": round(self.report.compile_s, 3), "compile_graphs": len(self._graphs),
+                "compile_error": self.report.error, "eager_calls": dict(self.eager_calls)}
+
+    # ------------------------------------------------------------------ the primitives (same contract as Pi05Model)
+    def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
+                want_logits: bool = False) -> Prefix:
+        B, L = tokens.shape
+        Bb, Lb = _bucket(B, self.batch_sizes), _bucket(L, self.prompt_lens)
+        key = ("prefill", Bb, Lb)
+        if self.mode == "none" or Bb is None or Lb is None or key not in self._graphs:
+            self._eager("prefill") if self.mode != "none" else None
+            return self.model.prefill(images, image_masks, tokens, token_masks, want_logits)
+        images = _pad_rows(images, Bb)
+        image_masks = _pad_rows(image_masks.bool(), Bb, False)
+        tokens = _pad_rows(_pad_cols(tokens, Lb, self.cfg.pad_id), Bb, self.cfg.pad_id)
+        token_masks = _pad_rows(_pad_cols(token_masks.bool(), Lb, False), Bb, False)
+        out = _rows(self._run(key, images, image_masks, tokens, token_masks), B)
+        if not want_logits:
+            out.last_logits = None
+        return out
+
+    def extend_prefix(self, prefix: Prefix, tokens: Tensor, token_masks: Tensor, want_logits: bool = False) -> Prefix:
+        B, L = tokens.shape
+        Bb, Lb = _bucket(B, self.batch_sizes), _bucket(L, self.prompt_lens)
+        key = ("extend", Bb, Lb)
+        if self.mode == "none" or prefix.batch_size != 1 or key not in self._graphs:
+            self._eager("extend_prefix") if self.mode != "none" else None
+            return self.model.extend_prefix(prefix, tokens, token_masks, want_logits)
+        tokens = _pad_rows(_pad_cols(tokens, Lb, self.cfg.pad_id), Bb, self.cfg.pad_id)
+        token_masks = _pad_rows(_pad_cols(token_masks.bool(), Lb, False), Bb, False)
+        out = _rows(self._run(key, prefix, tokens, token_masks), B)
+        if not want_logits:
+            out.last_logits = None
+        return out
+
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None) -> Tensor:
+        S = num_steps or self.cfg.num_denoise_steps
+        key = ("actions", prefix.length, S)
+        if self.mode == "none" or prefix.batch_size != 1 or noise.shape[0] != 1 or key not in self._graphs:
+            self._eager("sample_actions") if self.mode != "none" else None
+            return self.model.sample_actions(prefix, noise, S)
+        return self._run(key, prefix, noise)
+
+    def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
+        B, T = batch.read_slots.shape
+        Bb = _bucket(B, self.batch_sizes)
+        sampler = SamplerInputs.build(batch.sampling, batch.positions)
+        key = ("decode" if sampler is None else "decode_sampled", Bb, self.max_context)
+        if self.mode == "none" or Bb is None or T > self.max_context or key not in self._graphs:
+            self._eager("decode") if self.mode != "none" else None
+            return self.model.decode(batch, kv)
+        Tb = self.max_context
+        ws = _pad_rows(batch.write_slots, Bb)
+        args = [_pad_rows(batch.token_ids, Bb), _pad_rows(batch.positions, Bb), ws,
+                _pad_rows(_pad_cols(batch.read_slots, Tb, batch.write_slots), Bb),
+                _pad_rows(_pad_cols(batch.read_mask.bool(), Tb, False), Bb), kv.k, kv.v]
+        if sampler is not None:
+            args.append(SamplerInputs(_pad_rows(sampler.temperature, Bb, 0.0), _pad_rows(sampler.top_p, Bb, 1.0),
+                                      _pad_rows(sampler.uniform, Bb, 0.0)))
+        ids, logits = self._run(key, *args)
+        return DecodeOutput(ids[:B], logits[:B])
+
+
+def compile_model(model: Pi05Model, mode: str, **shape) -> "CompiledModel | Pi05Model":
+    """``mode == 'none'`` -> the model itself; else a (shared) ``CompiledModel`` for these shapes, cached on the model
+    so that several engines over one model (tests, the benchmark's modes) compile once."""
+    if mode == "none":
+        return model
+    cache = model.__dict__.setdefault("_compiled", {})
+    key = (mode, tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in shape.items())))
+    if key not in cache:
+        cache[key] = CompiledModel(model, mode, **shape)
+    return cache[key]
