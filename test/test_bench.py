@@ -1,4 +1,4 @@
-"""Tests of engine/bench.py: the benchmark runs end to end on the tiny preset (all modes, the shared N=k bound, the k/N
+"""Tests of tools/bench.py: the benchmark runs end to end on the tiny preset (all modes, the shared N=k bound, the k/N
 sweep, adaptive k, Poisson arrivals with mixed lengths and kinds), writes its JSON / table / PNG with the hardware
 named, reports component costs, the ideal speedup and the cross-mode equivalence check; and its ideal model follows
 the engine's scheduling rule. Behaviour only: no timing thresholds."""
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from oxygen_ros.engine import bench
+from oxygen_ros.tools import bench
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -61,7 +61,9 @@ class EngineConfig:
     memory_prompt: str = "Describe the scene."
     compile: str = "none"                    # none (eager) | inductor | cudagraphs: see model/compiled.py; the graphs
                                              # are built by Engine.warmup(), never inside a cycle
-    compile_batch_sizes: tuple = (1, 2, 4, 8, 16)   # decode / prompt batch buckets (capped at max_batch)
+    compile_batch_sizes: tuple = (1, 2, 4, 8, 16)   # decode / prompt batch buckets (see compiled.batch_buckets)
+    compile_max_context: Optional[int] = None   # decode read length graphs are built for (default: image tokens +
+                                                # max_prompt_tokens + max_new_tokens); longer contexts run eagerly
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -110,8 +112,11 @@ class Engine:
         self.max_prompt_tokens = config.max_prompt_tokens or self.cfg.max_token_len
         self.S = config.denoise_steps or self.cfg.num_denoise_steps
         self.pool = pool or self._make_pool()
+        max_context = config.compile_max_context or (self.cfg.num_image_tokens + max(self.cfg.max_token_len,
+                                                                                     self.max_prompt_tokens)
+                                                     + config.max_new_tokens)
         self.model = compile_model(model, config.compile, max_batch=config.max_batch,
-                                   prompt_len=self.max_prompt_tokens, max_new_tokens=config.max_new_tokens,
+                                   prompt_len=self.max_prompt_tokens, max_context=max_context,
                                    denoise_steps=self.S, batch_sizes=tuple(config.compile_batch_sizes),
                                    sampled_decode=bool(config.sampling and config.sampling.temperature > 0))
         self.kv = KVCacheManager(self.pool, max_batch=config.max_batch)

@@ -38,9 +38,13 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
 
 
 def batch_buckets(max_batch: int, buckets=DEFAULT_BATCH_BUCKETS) -> tuple[int, ...]:
-    """The decode / prompt batch sizes that get a graph: ``buckets`` up to ``max_batch``, plus ``max_batch``."""
-    out = sorted({b for b in buckets if 0 < b < max_batch} | {int(max_batch)})
-    return tuple(out)
+    """The decode / prompt batch sizes that get a graph: the ``buckets`` below ``max_batch``, and ``max_batch`` itself
+    when it is not above the largest bucket (larger batches then run eagerly).  E.g. (1,2,4,8,16) with max_batch 6 ->
+    (1, 2, 4, 6); (1, 8) with max_batch 16 -> (1, 8)."""
+    out = {int(b) for b in buckets if 0 < b < max_batch}
+    if max_batch <= max(buckets):
+        out.add(int(max_batch))
+    return tuple(sorted(out))
 
 
 def _bucket(n: int, sizes) -> int | None:

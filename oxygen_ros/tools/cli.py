@@ -20,7 +20,7 @@ import sys
 COMMANDS = {
     "node": ("oxygen_ros.ros.node", "main"),
     "demo": ("oxygen_ros.tools.demo", "main"),
-    "bench": ("oxygen_ros.engine.bench", "main"),
+    "bench": ("oxygen_ros.tools.bench", "main"),
     "make-bag": ("oxygen_ros.tools.bags", "make_bag_main"),
     "replay": ("oxygen_ros.tools.bags", "replay_main"),
     "bag-eval": ("oxygen_ros.tools.bag_eval", "main"),

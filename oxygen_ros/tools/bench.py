@@ -1,10 +1,15 @@
-"""`python -m oxygen_ros.engine.bench` (`oxygen bench`): isolated vs shared vs oxygen on one model and one seeded
+"""`python -m oxygen_ros.tools.bench` (`oxygen bench`): isolated vs shared vs oxygen on one model and one seeded
 input stream, back to back in one process. It builds the preset's model (random weights, seeded), synthetic frames
 (random images, seeded state and noise) and a language arrival schedule (one request per frame by default; Poisson
 arrivals and mixed lengths optional), measures the component costs (prefill, action sampling / denoise step, one
 batched decode step per batch size), derives the ideal oxygen-over-isolated speedup they imply, runs each mode with
 warm-up excluded, checks that the modes produced the same action chunks and the same tokens, and writes a table,
 JSON (with the hardware named) and a PNG (action Hz vs tokens/s per mode, and the k/N sweep when run).
+With ``--compile inductor|cudagraphs`` every measurement is taken twice in the same run, eager and compiled, on the
+same model and inputs: component costs per step side by side, each mode eager and compiled (interleaved frame by
+frame), the compile time per graph, and the dispatched operators per denoise / decode step from the profiler (the
+launch-overhead proxy: on a GPU also the CUDA kernels launched); ``--bf16-check`` reports the action difference bf16 vs
+fp32 on the same inputs (tiny dims) so a GPU's tolerance is known before one is used.  Imports no ROS.
 """
 from __future__ import annotations
 
@@ -30,13 +35,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ..kv.cache import KVCacheManager  # noqa: E402
+from ..engine.engine import Engine, EngineConfig  # noqa: E402
+from ..engine.metrics import percentile
+from ..engine.requests import LanguageRequest
+from ..kv.cache import KVCacheManager
 from ..kv.pool import KVPool
 from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer
+from ..model.compiled import compile_model
 from ..model.pi05 import DecodeBatch
-from .engine import Engine, EngineConfig
-from .metrics import percentile
-from .requests import LanguageRequest
 
 PROMPT = "pick up the red block"
 QUESTIONS = ["what do you see?", "where is the red block?", "is the gripper open?", "what is next?"]
@@ -98,7 +104,7 @@ def _median_time(fn, reps: int, device) -> float:
 
 @torch.no_grad()
 def measure_components(model, processor, obs: Observation, N: int, S: int, batch_sizes, reps: int = 5,
-                       block_size: int = 16) -> dict:
+                       block_size: int = 16, num_blocks: Optional[int] = None) -> dict:
     """Median costs (seconds) of the primitives the engine composes: one prefill (batch 1, with logits), one action
     sampling of S steps (and per step), one batched decode step at each batch size (an int n means 1..n) reading a
     real frame prefix plus ~N/2 private tokens (index building included, as the engine pays it). The samples are
@@ -117,9 +123,10 @@ def measure_components(model, processor, obs: Observation, N: int, S: int, batch
     meas = max(reps, 8)
     warm = max(2, N // 2 - meas // 2)
     total = sum(batch_sizes)
-    pool = KVPool.from_config(cfg, num_blocks=len(batch_sizes) * (pool_blocks(cfg, block_size) + 1) +
-                              total * (-(-(warm + meas + 2) // block_size) + 1) + 8,
-                              block_size=block_size, dtype=model.dtype, device=dev)
+    need = len(batch_sizes) * (pool_blocks(cfg, block_size) + 1) + total * (-(-(warm + meas + 2) // block_size) + 1) + 8
+    if num_blocks is not None and num_blocks < need:
+        raise ValueError(f"measure_components needs {need} KV blocks, got {num_blocks}")
+    pool = KVPool.from_config(cfg, num_blocks=num_blocks or need, block_size=block_size, dtype=model.dtype, device=dev)
     kv = KVCacheManager(pool, max_batch=total)
     plans = {}
     for b in batch_sizes:
@@ -238,12 +245,15 @@ class _Run:
     """One engine configuration under test, with what it emitted during the timed frames."""
 
     def __init__(self, model, processor, mode, arrivals, *, N, k, S, target_period_s=None, block_size=16,
-                 warmup=None):
+                 warmup=None, compile="none", shapes=None):
         self.arrivals, self.warmup = arrivals, warmup
         max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
+        shapes = dict(shapes or {})          # one KV pool shape and compile shapes for every engine of a run
         self.eng = Engine(model, processor, EngineConfig(
-            mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S, max_batch=max_rows, max_pending=10_000,
-            kv_block_size=block_size, target_period_s=target_period_s, k_max=max(64, 2 * N)))
+            mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S, max_batch=shapes.pop("max_batch", max_rows),
+            max_pending=10_000, kv_block_size=block_size, target_period_s=target_period_s, k_max=max(64, 2 * N),
+            compile=compile, **shapes))
+        self.compile_stats = self.eng.warmup()
         self.actions, self.order, self.texts = [], [], {}
         # request latencies on this engine's own clock (sum of its frame times), so that interleaving with the
         # other modes does not count their frames: submit / first token / finish times in "busy seconds"
@@ -336,6 +346,133 @@ def run_mode(model, processor, mode: str, frames: list, noise: list, arrivals: l
     """One mode alone (warm-up, then the timed frames)."""
     spec = dict(mode=mode, arrivals=arrivals, N=N, k=k, S=S, target_period_s=target_period_s, block_size=block_size)
     return run_all(model, processor, {mode: spec}, frames, noise, warmup=warmup, interleave=False)[mode]
+
+
+# ---------------------------------------------------------------------------------------------------------- compile
+_VIEW_OPS = {"aten::as_strided", "aten::view", "aten::expand", "aten::transpose", "aten::resolve_conj",
+             "aten::empty", "aten::reshape", "aten::permute", "aten::t", "aten::slice", "aten::select",
+             "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::alias", "aten::_unsafe_view",
+             "aten::lift_fresh", "aten::empty_strided", "aten::_reshape_alias", "aten::resolve_neg",
+             "aten::unflatten", "aten::split", "aten::chunk", "aten::narrow", "aten::contiguous"}
+
+
+def op_counts(fn, device) -> dict:
+    """Operators one call of ``fn`` dispatches, from the profiler: ``ops`` = leaf ATen operators that compute (views
+    and allocations left out); on CUDA also ``kernels`` = device kernels launched.  Eager: every tensor op is one;
+    compiled: the fused kernels replace them (on CPU inductor's C++ kernels are not dispatcher ops, so what is left is
+    the matmuls / attention it calls out to) - the launch-overhead proxy."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    fn()
+    _sync(device)
+    with profile(activities=acts) as prof:
+        fn()
+        _sync(device)
+    ev = prof.events()
+    ops = sum(1 for e in ev if e.name.startswith("aten::") and not e.cpu_children and e.name not in _VIEW_OPS)
+    out = {"ops": ops}
+    if torch.device(device).type == "cuda":
+        out["kernels"] = sum(1 for e in ev if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    return out
+
+
+@torch.no_grad()
+def step_op_counts(model, processor, obs, S: int, batch: int) -> dict:
+    """op_counts of one denoise step (one S-step sample_actions / S) and of one decode step at ``batch`` rows."""
+    dev = next(model.parameters()).device
+    cfg = model.cfg
+    mi = processor.prepare(obs)
+    args = (mi.images.to(dev), mi.image_masks.to(dev), mi.tokens.to(dev), mi.token_masks.to(dev))
+    pre = model.prefill(*args, want_logits=True)
+    noise = torch.zeros((1, cfg.action_horizon, cfg.action_dim), device=dev)
+    den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
+    pool = KVPool.from_config(cfg, num_blocks=pool_blocks(cfg, 16) + batch * 4 + 4, block_size=16,
+                              dtype=model.dtype, device=dev)
+    kv = KVCacheManager(pool, max_batch=batch)
+    fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
+    rows = [kv.admit(LanguageRequest("subtask", "", 8), fp, shared_len=fp.length, first_token=5, max_new_tokens=8,
+                     eos_token_id=None) for _ in range(batch)]
+    kv.release(fp)
+    plan = kv.plan_decode(rows, [1] * batch)
+    pos, w, r, m = kv.step_tensors(plan)
+    ids = torch.full((batch,), 5, dtype=torch.long, device=dev)
+    dec = op_counts(lambda: model.decode(DecodeBatch(ids, pos, w, r, m), pool), dev)
+    for st in rows:
+        kv.finish(st, "length")
+    return {"denoise_step": {k: v / S for k, v in den.items()}, f"decode_step_b{batch}": dec}
+
+
+@torch.no_grad()
+def bf16_check(preset: str = "tiny", seed: int = 0, S: int = 10) -> dict:
+    """Action chunk of the same random-weight model, inputs and noise in bf16 vs fp32 (CPU): the tolerance a GPU's
+    bf16 run should be judged by."""
+    res = {}
+    acts = {}
+    for dt in ("float32", "bfloat16"):
+        cfg = get_config(preset, num_denoise_steps=S)
+        model = build_model(cfg, dtype=dt, seed=seed)
+        proc = Processor(model.cfg, load_tokenizer(model.cfg))
+        obs = make_frames(model.cfg, 1, seed)[0]
+        mi = proc.prepare(obs)
+        pre = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+        acts[dt] = model.sample_actions(pre, make_noise(model.cfg, 1, seed)[0], S).float()
+    a, b = acts["float32"], acts["bfloat16"]
+    res = {"preset": preset, "max_abs_diff": float((a - b).abs().max()), "mean_abs_diff": float((a - b).abs().mean()),
+           "max_rel_diff": float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)),
+           "action_abs_max_fp32": float(a.abs().max())}
+    return res
+
+
+def components_table(eager: dict, comp: dict, ops: Optional[dict], mode: str) -> str:
+    rows = [("prefill", eager["prefill_s"], comp["prefill_s"]),
+            ("denoise step", eager["denoise_step_s"], comp["denoise_step_s"])]
+    rows += [(f"decode step b{b}", eager["decode_step_s"][b], comp["decode_step_s"][b])
+             for b in sorted(eager["decode_step_s"])]
+    lines = [f"{'component':18s} {'eager ms':>9s} {mode + ' ms':>14s} {'speedup':>8s}"]
+    for name, e, c in rows:
+        lines.append(f"{name:18s} {e * 1e3:9.3f} {c * 1e3:14.3f} {e / c:7.2f}x")
+    if ops:
+        for name in ops["eager"]:
+            e, c = ops["eager"][name], ops["compiled"][name]
+            extra = "".join(f", {k}: {e[k]:.0f} -> {c[k]:.0f}" for k in e if k != "ops")
+            lines.append(f"ops per {name}: {e['ops']:.0f} eager -> {c['ops']:.0f} {mode}{extra}")
+    return "\n".join(lines)
+
+
+def compile_shapes(cfg, a, arrivals, k_num: int) -> dict:
+    """Engine settings shared by every engine of a compiled run (so that all use the same graphs): batch buckets,
+    the largest batch, the KV pool size and the decode context the graphs are built for."""
+    Ns = [a.N] + ([int(x) for x in a.sweep_n.split(",")] if a.sweep else [])
+    ks = [k_num] + ([int(x) for x in a.sweep_k.split(",")] if a.sweep else [])
+    n_max = max(Ns) * (2 if a.mixed_lengths else 1)
+    per_frame = max(1, max(len(r) for r in arrivals))
+    max_batch = max(16, per_frame * (math.ceil(2 * n_max / min(ks)) + 2))
+    per_prefix = pool_blocks(cfg, a.block_size)
+    per_req = -(-(cfg.max_token_len + n_max) // a.block_size)
+    num_blocks = (max_batch + 2) * per_prefix + max_batch * per_req + 64
+    return {"max_batch": max_batch, "kv_num_blocks": num_blocks,
+            "compile_batch_sizes": tuple(int(x) for x in a.compile_batch_sizes.split(",")),
+            "compile_max_context": cfg.num_image_tokens + cfg.max_token_len + n_max + 16}
+
+
+def compile_summary(results: dict, eager: dict, comp: dict, mode: str) -> dict:
+    """Compiled over eager: component speedups and, per engine mode run both ways, frame time speedup; and the
+    compiled oxygen over compiled isolated action Hz."""
+    out = {"compiled_denoise_step_speedup": eager["denoise_step_s"] / comp["denoise_step_s"],
+           "compiled_prefill_speedup": eager["prefill_s"] / comp["prefill_s"]}
+    for b in sorted(eager["decode_step_s"]):
+        out[f"compiled_decode_b{b}_speedup"] = eager["decode_step_s"][b] / comp["decode_step_s"][b]
+    for name in ("isolated", "shared", "oxygen"):
+        e, c = results.get(name), results.get(f"{name}+{mode}")
+        if e and c:
+            out[f"compiled_{name}_frame_speedup"] = e["metrics"]["cycle_ms_mean"] / c["metrics"]["cycle_ms_mean"]
+    ci, co = results.get(f"isolated+{mode}"), results.get(f"oxygen+{mode}")
+    if ci and co:
+        out["compiled_oxygen_vs_isolated_hz"] = co["metrics"]["action_hz"] / ci["metrics"]["action_hz"]
+        out["compiled_oxygen_action_hz"] = co["metrics"]["action_hz"]
+        out["compiled_oxygen_tokens_per_s"] = co["metrics"]["tokens_per_s"]
+        out["compiled_oxygen_frame_ms"] = co["metrics"]["cycle_ms_mean"]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -490,6 +627,14 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--compile", default="none", choices=("none", "inductor", "cudagraphs"),
+                   help="also run every measurement compiled (side by side with eager, same model and inputs)")
+    p.add_argument("--compile-batch-sizes", default="1,2,4,8,16",
+                   help="decode / prompt batch buckets that get a graph (larger batches run in the next bucket)")
+    p.add_argument("--no-eager", action="store_true", help="with --compile: skip the eager engine runs (components "
+                   "are still measured both ways)")
+    p.add_argument("--no-ops", action="store_true", help="with --compile: skip the profiler operator counts")
+    p.add_argument("--bf16-check", action="store_true", help="report bf16 vs fp32 actions on the tiny preset (CPU)")
     p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>-<host>)")
     return p.parse_args(argv)
 
@@ -539,8 +684,27 @@ def main(argv=None) -> dict:
         for n_ in a.sweep_n.split(","):
             for k_ in a.sweep_k.split(","):
                 max_b |= set(steady_state_schedule(int(n_), int(k_)))
-    costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps, block_size=a.block_size)
+    compiled = a.compile != "none"
+    shapes, cm, compile_info, ops = None, None, None, None
+    if compiled:                   # one pool shape and one set of graphs for every engine and measurement of the run
+        shapes = compile_shapes(cfg, a, arrivals, k_num)
+        probe = Engine(model, processor, EngineConfig(max_new_tokens=a.N, denoise_steps=a.S, compile=a.compile,
+                                                      kv_block_size=a.block_size, **shapes))
+        tc = time.perf_counter()
+        compile_info = probe.warmup()
+        cm = probe.model
+        compile_info["graphs"] = dict(getattr(cm, "report").graphs) if hasattr(cm, "report") else {}
+        print(f"[bench] compile={compile_info['compile']} (asked {a.compile}): {len(compile_info['graphs'])} graphs "
+              f"in {time.perf_counter() - tc:.1f}s {compile_info['compile_error']}", flush=True)
+        del probe
+    mc = dict(reps=a.reps, block_size=a.block_size, num_blocks=shapes and shapes["kv_num_blocks"])
+    costs = measure_components(model, processor, frames[0], a.N, a.S, max_b, **mc)
     costs_before = costs
+    costs_c_before = measure_components(cm, processor, frames[0], a.N, a.S, max_b, **mc) if compiled else None
+    if compiled and not a.no_ops:
+        bo = 6 if 6 in max_b else max(max_b)
+        ops = {"eager": step_op_counts(model, processor, frames[0], a.S, bo),
+               "compiled": step_op_counts(cm, processor, frames[0], a.S, bo)}
     ideal_k = k_num
     ide = ideal(costs, a.N, ideal_k)
     print(f"[bench] components ({time.perf_counter() - t:.1f}s): prefill {costs['prefill_s'] * 1e3:.1f} ms, "
@@ -553,12 +717,18 @@ def main(argv=None) -> dict:
 
     # isolated / shared carry nothing across frames: a few warm-up frames suffice; oxygen needs its pipeline filled
     short = warmup if a.warmup is not None else 3
-    specs = {mode: dict(mode=mode, arrivals=arrivals, N=a.N, k=k, S=a.S, target_period_s=target,
-                        block_size=a.block_size, warmup=warmup if mode == "oxygen" else short) for mode in modes}
+    specs = {}
+    for mode in modes:
+        sp = dict(mode=mode, arrivals=arrivals, N=a.N, k=k, S=a.S, target_period_s=target, block_size=a.block_size,
+                  warmup=warmup if mode == "oxygen" else short, shapes=shapes)
+        if not (compiled and a.no_eager):
+            specs[mode] = sp
+        if compiled:
+            specs[f"{mode}+{a.compile}"] = dict(sp, compile=a.compile)
     if not a.no_shared_nk and "oxygen" in modes and k != "adaptive":
         arr_k = [[(kd, p, min(n, k)) for kd, p, n in row] for row in arrivals]
         specs["shared_N=k"] = dict(mode="shared", arrivals=arr_k, N=k, k=k, S=a.S, block_size=a.block_size,
-                                   warmup=short)
+                                   warmup=short, shapes=shapes, compile=a.compile)
     t = time.perf_counter()
     results = run_all(model, processor, specs, frames, noise, warmup=warmup, interleave=not a.sequential,
                       log=lambda msg: print(f"[bench] {msg}", flush=True))
@@ -570,9 +740,14 @@ def main(argv=None) -> dict:
               f"{m['cycle_ms_mean']:.1f} ms", flush=True)
 
     # component costs once more after the runs; the ideal uses the medians over both measurements' samples
-    costs_after = measure_components(model, processor, frames[0], a.N, a.S, max_b, reps=a.reps,
-                                     block_size=a.block_size)
+    costs_after = measure_components(model, processor, frames[0], a.N, a.S, max_b, **mc)
     costs = combine_costs(costs_before, costs_after, a.S)
+    costs_c = None
+    if compiled:
+        costs_c = combine_costs(costs_c_before, measure_components(cm, processor, frames[0], a.N, a.S, max_b, **mc),
+                                a.S)
+        summary_c = compile_summary(results, costs, costs_c, a.compile)
+        print("\n" + components_table(costs, costs_c, ops, a.compile), flush=True)
     ide = ideal(costs, a.N, ideal_k)
     print(f"[bench] components after the runs: prefill {costs_after['prefill_s'] * 1e3:.1f} ms, actions "
           f"{costs_after['actions_s'] * 1e3:.1f} ms, decode step "
@@ -601,9 +776,15 @@ def main(argv=None) -> dict:
             summary["shared_N=k_frame_ms"] = fs
             summary["oxygen_frame_over_shared_N=k"] = mo["cycle_ms_mean"] / fs
 
+    if compiled:
+        summary.update(summary_c)
+    bf16 = bf16_check(seed=a.seed) if a.bf16_check else None
+    if bf16:
+        print(f"[bench] bf16 vs fp32 actions ({bf16['preset']}): max abs diff {bf16['max_abs_diff']:.3e}, max rel "
+              f"{bf16['max_rel_diff']:.3e}", flush=True)
     sweep = None
     if a.sweep:
-        sweep = run_sweep(model, processor, cfg, a, costs)
+        sweep = run_sweep(model, processor, cfg, a, costs, shapes)
 
     eq = compare(results)
     tab = table(results)
@@ -628,7 +809,12 @@ def main(argv=None) -> dict:
                                "prefix_valid_tokens": costs["prefix_valid_tokens"],
                                "prefix_positions": costs["prefix_positions"]},
            "ideal": {**{kk: (v * 1e3 if kk.endswith("_s") else v) for kk, v in ide.items()}},
-           "summary": summary, "equivalence": eq,
+           "summary": summary, "equivalence": eq, "compile": compile_info, "op_counts": ops, "bf16_vs_fp32": bf16,
+           "component_costs_compiled": None if costs_c is None else {
+               "prefill_ms": costs_c["prefill_s"] * 1e3, "actions_ms": costs_c["actions_s"] * 1e3,
+               "denoise_step_ms": costs_c["denoise_step_s"] * 1e3,
+               "decode_step_ms": {b: v * 1e3 for b, v in costs_c["decode_step_s"].items()}},
+           "components_table": None if costs_c is None else components_table(costs, costs_c, ops, a.compile),
            "modes": {name: r["metrics"] for name, r in results.items()}, "sweep": sweep, "table": tab}
     doc["ideal"] = {kk.replace("_s", "_ms") if kk.endswith("_s") else kk: v for kk, v in doc["ideal"].items()}
     with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -642,7 +828,7 @@ def main(argv=None) -> dict:
     return doc
 
 
-def run_sweep(model, processor, cfg, a, costs) -> list:
+def run_sweep(model, processor, cfg, a, costs, shapes=None) -> list:
     Ns = [int(x) for x in a.sweep_n.split(",")]
     ks = [int(x) for x in a.sweep_k.split(",")]
     n = a.sweep_frames
@@ -650,11 +836,12 @@ def run_sweep(model, processor, cfg, a, costs) -> list:
     out = []
     for N in Ns:
         arr = make_arrivals(n, a.seed, N)
+        c = dict(compile=a.compile, shapes=shapes)        # the sweep runs compiled when --compile is given
         specs = {"isolated": dict(mode="isolated", arrivals=arr, N=N, k=1, S=a.S, block_size=a.block_size,
-                                  warmup=2)}
+                                  warmup=2, **c)}
         for k in ks:
             specs[f"oxygen_k{k}"] = dict(mode="oxygen", arrivals=arr, N=N, k=k, S=a.S, block_size=a.block_size,
-                                         warmup=math.ceil(N / k) + 1)
+                                         warmup=math.ceil(N / k) + 1, **c)
         res = run_all(model, processor, specs, frames, noise, warmup=2, interleave=not a.sequential)
         iso = res["isolated"]["metrics"]
         for k in ks:
