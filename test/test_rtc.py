@@ -11,7 +11,8 @@ of the predicted clean chunk; the pull toward the target weakens row by row with
 prefix K/V are bit-identical before/after and carry no gradient.  Engine: rtc None or empty = bit-identical actions
 in every mode; the guided chunk is the same in isolated / shared / oxygen; language tokens are unchanged by RTC;
 prev_actions are normalised with the processor's stats (the exact inverse of unnormalize_actions, quantile and
-mean/std stats, robot_dim < action_dim)."""
+mean/std stats, robot_dim < action_dim).  The smoothness benchmark's simulated control loop (tools/smoothness.py)
+switches chunks at the ticks it should, and with RTC the switch lands near the old plan."""
 import math
 
 import numpy as np
@@ -333,3 +334,34 @@ def test_rtc_request_validation():
         RTCRequest(np.zeros((3, 2)), -1, 2)
     with pytest.raises(ValueError):
         RTCRequest(np.zeros((3, 2)), 1, 2, max_guidance_weight=-1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the smoothness benchmark's simulated control loop (behaviour, not timing: fixed simulated latency)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_smoothness_simulation_switches_on_the_old_plan(tiny):
+    """Fixed latency 3 steps, s = 5: one executed row per tick with no gap or hold, one switch per chunk, each at the
+    tick the chunk became ready; RTC's first executed row of a new chunk stays near the old plan for that tick, far
+    nearer than an unguided switch (random weights: unrelated chunks)."""
+    from oxygen_ros.tools.smoothness import simulate
+    cfg, model, proc = tiny["cfg"], tiny["model"], tiny["proc"]
+    rng, g = np.random.default_rng(3), torch.Generator().manual_seed(3)
+    frames = [frame(cfg, rng, float(i)) for i in range(4)]
+    noise = [torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=g) for _ in frames]
+    res = {}
+    for mode in ("none", "rtc"):
+        eng = Engine(model, proc, EngineConfig(mode="oxygen"))
+        res[mode] = simulate(eng, frames, noise, mode, step_dt=0.02, execution_horizon=5, blend_steps=0,
+                             time_origin="arrival", latency_ms=60.0, beta=BETA, warmup=0)
+    for mode, r in res.items():
+        ticks = [t for t, _, _, _ in r["stream"]]
+        assert ticks == list(range(3, 3 + len(ticks))) and r["held_ticks"] == 0     # first chunk ready at tick 3
+        chunk_at = {t: c for t, _, c, _ in r["stream"]}
+        switches = [t for t in ticks[1:] if chunk_at[t] != chunk_at[t - 1]]
+        assert switches == [8, 13, 18] and r["switch"]["n"] == 3                     # k0 = 5, 10, 15; + d = 3
+        assert r["d_steps"]["p50"] == 3
+    assert res["rtc"]["d_est_steps"]["p50"] == 3 and res["rtc"]["rtc_ms"]["n"] == 3
+    assert res["rtc"]["frozen_rows_max_abs_err"]["max"] < 0.05
+    assert res["rtc"]["switch_vs_old_plan"]["max"] < 0.5 * res["none"]["switch_vs_old_plan"]["p50"]
