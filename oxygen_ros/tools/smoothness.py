@@ -19,8 +19,11 @@ Reported per mode: the jump at chunk switches (|a_k - a_{k-1}|_2 over the robot 
 chunk changes) vs the step-to-step change inside chunks, p50 / p95 / max and their ratios; ticks held (no chunk
 left); how close the guided frozen rows came to the target; and RTC's extra inference time per chunk (the cycle's
 action time, guided vs unguided, plus an interleaved micro-benchmark of ``sample_actions`` vs ``sample_actions_rtc``
-on one prefix).  Writes a table to stdout and ``results.json`` + ``table.txt`` under ``--out`` (default
-``bench/results/<UTC timestamp>-<host>-smoothness/``).
+on one prefix).  Also the distance, at each switch tick, between the new chunk's executed row and the row the old
+chunk had planned for that tick ("vs plan"): with random weights consecutive rows of one chunk differ as much as
+unrelated chunks do, so the switch/inside ratio is ~1 for every mode and "vs plan" is what tells the modes apart.
+Writes a table to stdout and ``results.json`` + ``table.txt`` + ``streams.json`` (the executed rows) under ``--out``
+(default ``bench/results/<UTC timestamp>-<host>-smoothness/``).
 """
 from __future__ import annotations
 
@@ -257,7 +260,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=10, help="micro-benchmark repetitions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--no-stream", action="store_true", help="leave the executed streams out of results.json")
+    p.add_argument("--no-stream", action="store_true", help="do not write the executed streams (streams.json)")
     p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>-<host>-smoothness)")
     return p.parse_args(argv)
 
@@ -314,6 +317,10 @@ def main(argv=None) -> dict:
     print()
     print(tab)
     print()
+    for m, r in results.items():
+        vp = r["switch_vs_old_plan"]
+        print(f"  {m}: switch row vs the old plan's row for that tick p50 {_f(vp['p50'])} p95 {_f(vp['p95'])} max "
+              f"{_f(vp['max'])}; cycle latency p50 {_f(r['latency_ms']['p50'], 1)} ms")
     if "rtc" in results:
         r = results["rtc"]
         print(f"  rtc: frozen rows max |new - prev| p50 {_f(r['frozen_rows_max_abs_err']['p50'], 4)}, max "
@@ -328,16 +335,18 @@ def main(argv=None) -> dict:
     out_dir = a.out or os.path.join("bench", "results", _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
                                     + "-" + socket.gethostname() + "-smoothness")
     os.makedirs(out_dir, exist_ok=True)
-    if a.no_stream:
-        for r in results.values():
-            r.pop("stream", None)
+    streams = {m: r.pop("stream") for m, r in results.items()}
+    if not a.no_stream:                                # tick, row (robot dims, 5 significant digits), chunk, held
+        with open(os.path.join(out_dir, "streams.json"), "w") as f:
+            json.dump({m: [[k, [float(f"{x:.5g}") for x in row], c, h] for k, row, c, h in st]
+                       for m, st in streams.items()}, f, separators=(",", ":"))
     doc = {"args": vars(a), "config": cfg.to_dict(), "hardware": hardware(a.device), "execution_horizon": s,
            "blend_steps": blend, "control_hz": a.control_hz, "modes": results, "micro_bench": mb, "table": tab}
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(out_dir, "table.txt"), "w") as f:
         f.write(tab + "\n")
-    print(f"\n[smoothness] wrote {out_dir}/results.json, table.txt")
+    print(f"\n[smoothness] wrote {out_dir}/results.json, table.txt" + ("" if a.no_stream else ", streams.json"))
     doc["out_dir"] = out_dir
     return doc
 
