@@ -218,6 +218,22 @@ def test_guided_chunk_follows_the_mask(tiny):
     assert ((r_after > 0.8) & (r_after < 1.25)).all(), r_after
 
 
+def test_guidance_under_no_grad_and_refused_under_inference_mode(tiny):
+    args = (tiny["model"], tiny["prefix"], tiny["noise"], 2, tiny["target"], tiny["weights"], BETA)
+    ref = sample_actions_rtc(*args)
+    with torch.no_grad():                                  # a caller's no_grad does not switch the guidance off
+        assert torch.equal(sample_actions_rtc(*args), ref)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="inference_mode"):
+        sample_actions_rtc(*args)
+
+
+def test_smoothness_is_an_oxygen_subcommand():
+    from oxygen_ros.tools.cli import COMMANDS
+    from oxygen_ros.tools import smoothness
+    module, func = COMMANDS["smoothness"]
+    assert module == smoothness.__name__ and getattr(smoothness, func) is smoothness.main
+
+
 def test_batch_rows_guided_independently(tiny):
     """B = 2 with a broadcast batch-1 prefix: each row equals its own batch-1 guided run."""
     m = tiny["model"]

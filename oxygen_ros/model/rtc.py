@@ -70,6 +70,9 @@ def guided_velocity(velocity_fn, x_t: Tensor, t: float, target: Tensor, weights:
     ``g = J^T (W * (Y - x1_hat))`` with ``x1_hat = x_t - t v`` and J its Jacobian w.r.t. x_t, by one VJP
     (torch.autograd.grad) through ``velocity_fn`` w.r.t. x_t only; weights broadcast to [B, H, A].  ``info``: c, the
     weighted error's squared norm per batch row (``err2``), and g (detached)."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("RTC guidance needs autograd (one VJP per step): call it outside torch.inference_mode() "
+                           "(torch.no_grad() is fine)")
     x = x_t.detach().float().requires_grad_(True)
     with torch.enable_grad():
         v = velocity_fn(x)
