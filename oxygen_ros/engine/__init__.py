@@ -4,6 +4,7 @@ resolved lazily so that importing the result types (``oxygen_ros.engine.requests
 _EXPORTS = {
     "Engine": "engine", "EngineConfig": "engine", "MODES": "engine",
     "ActionResult": "requests", "TokenEvent": "requests", "RequestResult": "requests", "LanguageRequest": "requests",
+    "RTCRequest": "requests",
     "KINDS": "requests", "FixedK": "budget", "AdaptiveK": "budget", "make_budget": "budget", "Metrics": "metrics",
 }
 __all__ = sorted(_EXPORTS)

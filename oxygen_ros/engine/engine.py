@@ -30,11 +30,12 @@ from ..kv.cache import KVCacheManager, RequestState
 from ..kv.pool import KVPool
 from ..model.compiled import COMPILE_MODES, CompiledModel, compile_model
 from ..model.pi05 import DecodeBatch, SamplingParams, sample_tokens
+from ..model.rtc import rtc_target, sample_actions_rtc
 from ..model.tokenizer import StreamDecoder
 from .budget import make_budget
 from .metrics import CycleRecord, Metrics
 from .requests import (FINISH_CANCELLED, FINISH_DROPPED, FINISH_ERROR, FINISH_REJECTED, ActionResult,
-                       LanguageRequest, RequestResult, TokenEvent, with_context)
+                       LanguageRequest, RequestResult, RTCRequest, TokenEvent, with_context)
 
 MODES = ("isolated", "shared", "oxygen")
 
@@ -303,9 +304,11 @@ class Engine:
         return self.tokenizer.decode([t for t in ids if t != self.eos_token_id])
 
     # ------------------------------------------------------------------ the cycle
-    def cycle(self, observation, *, noise: Optional[torch.Tensor] = None) -> dict:
+    def cycle(self, observation, *, noise: Optional[torch.Tensor] = None, rtc: Optional[RTCRequest] = None) -> dict:
         """Process one frame; returns this cycle's stats (a flat dict). Publishes the action chunk through
-        on_actions before any language work. Runs on the caller's thread (the node's inference thread)."""
+        on_actions before any language work. Runs on the caller's thread (the node's inference thread).
+        ``rtc``: real-time chunking input; the chunk is then denoised with guidance toward ``rtc.prev_actions``
+        (``model/rtc.py``); None or an empty prev_actions = exactly the unguided path."""
         dev = self.device
         _sync(dev)
         t0 = time.perf_counter()
@@ -329,7 +332,7 @@ class Engine:
         rec = dict(tokens=0, prefills=0, prompt_extends=0, decode_steps=0, batch_sizes=[], admitted=0, k=0,
                    t_prefill=0.0, t_actions=0.0, t_decode=0.0)
         try:
-            t_act = self._actions_and_admission(observation, noise, fi, t0, cs, rec)
+            t_act = self._actions_and_admission(observation, noise, fi, t0, cs, rec, rtc)
             if c.mode == "oxygen":
                 self._apply_cancels(cs)
                 self._decode_oxygen(t0, rec)
@@ -385,7 +388,7 @@ class Engine:
         cfg = self.cfg
         return torch.randn((1, cfg.action_horizon, cfg.action_dim), generator=self._noise_gen).to(self.device)
 
-    def _actions_and_admission(self, observation, noise, fi, t0, cs: _CycleState, rec) -> float:
+    def _actions_and_admission(self, observation, noise, fi, t0, cs: _CycleState, rec, rtc=None) -> float:
         c, model = self.config, self.model
         images, image_masks, tokens, token_masks = self._frame_inputs(observation)
         if noise is None:
@@ -402,7 +405,11 @@ class Engine:
         # 2. actions, published at once
         ta = time.perf_counter()
         rec["t_prefill"] += ta - tp
-        actions = model.sample_actions(prefix, noise, self.S)
+        guided = rtc is not None and rtc.active
+        if guided:
+            actions = self._sample_actions_rtc(prefix, noise, rtc)
+        else:
+            actions = model.sample_actions(prefix, noise, self.S)
         acts = self.processor.unnormalize_actions(actions[0])
         _sync(self.device)
         t_act = time.perf_counter()
@@ -411,7 +418,8 @@ class Engine:
         self.budget.observe_actions(t_act - ta)
         stamp = getattr(observation, "stamp", None)
         res = ActionResult(fi, self.chunk_id, float(stamp) if stamp is not None else time.time(),
-                           np.asarray(acts, dtype=np.float32), (t_act - t0) * 1e3)
+                           np.asarray(acts, dtype=np.float32), (t_act - t0) * 1e3,
+                           rtc_ms=(t_act - ta) * 1e3 if guided else 0.0, guided=guided)
         self.chunk_id += 1
         if self.on_actions is not None:
             self.on_actions(res)
@@ -430,6 +438,14 @@ class Engine:
                     self._run_decode(rows, [st.tokens_left for st in rows], rec)
                     rec["explained"] += time.perf_counter() - td
         return t_act
+
+    def _sample_actions_rtc(self, prefix, noise, rtc: RTCRequest) -> torch.Tensor:
+        """Guided denoise (model/rtc.py): prev_actions normalised with the processor's action stats, the model's dims
+        beyond robot_dim and rows beyond n weighted 0."""
+        prev = torch.from_numpy(self.processor.normalize_actions(rtc.prev_actions)).to(self.device)
+        target, weights = rtc_target(prev, self.cfg.action_horizon, self.cfg.action_dim, rtc.delay_steps,
+                                     rtc.execution_horizon)
+        return sample_actions_rtc(self.model, prefix, noise, self.S, target, weights, rtc.max_guidance_weight)
 
     def _first_token(self, logits_row: torch.Tensor, position: int, sampling) -> int:
         sp = None if sampling is None else [sampling]

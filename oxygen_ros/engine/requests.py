@@ -1,7 +1,8 @@
 """Language requests and the engine's result types: what a request is (kind, prompt, token budget), its lifecycle
 (pending -> active -> finished / rejected / dropped / cancelled), the memory context a conversation may carry
 (``with_context``), and the three records the engine hands to its callbacks
-(`ActionResult`, `TokenEvent`, `RequestResult`, field names fixed by ARCHITECTURE.md). Pure Python + numpy; the ROS
+(`ActionResult`, `TokenEvent`, `RequestResult`, field names fixed by ARCHITECTURE.md), and `RTCRequest`, the
+real-time-chunking input a cycle may take. Pure Python + numpy; the ROS
 node imports these types without importing torch-heavy modules beyond what `oxygen_ros.engine` already needs.
 """
 from __future__ import annotations
@@ -44,6 +45,41 @@ class ActionResult:
     stamp: float                 # the observation's stamp (seconds) when it has one, else wall time at frame in
     actions: np.ndarray          # [H, robot_dim] float32, un-normalised robot actions
     latency_ms: float            # frame in (cycle start) -> chunk out
+    rtc_ms: float = 0.0          # time of the guided (RTC) sample_actions call when guided, else 0
+    guided: bool = False         # the chunk was denoised with real-time-chunking guidance (RTCRequest)
+
+
+@dataclass
+class RTCRequest:
+    """Real-time chunking input for one cycle, in the published (un-normalised, robot_dim) action space, BEFORE any
+    delta->absolute conversion (i.e. the same space as ActionResult.actions)."""
+    prev_actions: np.ndarray      # [n, robot_dim] float32: what the robot will execute from the new chunk's row 0 on
+                                  # (row i = the old plan for new row i); n may be < H (rest unguided) or 0 (= no RTC)
+    delay_steps: int              # d: rows [0, d) are frozen to prev_actions (executed while inferring)
+    execution_horizon: int        # s: rows the robot executes of each chunk before switching (soft-mask end)
+    max_guidance_weight: float = 10.0   # beta
+
+    def __post_init__(self):
+        a = np.asarray(self.prev_actions, dtype=np.float32)
+        if a.size == 0:
+            a = a.reshape(0, a.shape[-1] if a.ndim == 2 else 0)
+        if a.ndim != 2:
+            raise ValueError(f"prev_actions must be [n, robot_dim], got shape {list(a.shape)}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError("prev_actions contains NaN or inf")
+        if int(self.delay_steps) < 0 or int(self.execution_horizon) < 0:
+            raise ValueError("delay_steps and execution_horizon must be >= 0")
+        if not float(self.max_guidance_weight) >= 0:
+            raise ValueError("max_guidance_weight must be >= 0")
+        self.prev_actions = a
+        self.delay_steps = int(self.delay_steps)
+        self.execution_horizon = int(self.execution_horizon)
+        self.max_guidance_weight = float(self.max_guidance_weight)
+
+    @property
+    def active(self) -> bool:
+        """False when there is nothing to guide toward (n == 0): the cycle then runs exactly as without RTC."""
+        return self.prev_actions.shape[0] > 0
 
 
 @dataclass(frozen=True)

@@ -337,3 +337,12 @@ class Processor:
         """[H, A] (or [B, H, A]) normalised model actions -> [H, robot_dim] robot-native actions."""
         a = actions.detach().float().cpu().numpy() if isinstance(actions, torch.Tensor) else np.asarray(actions)
         return self.norm_stats.unnormalize_actions(a)[..., : self.action_dims]
+
+    def normalize_actions(self, actions) -> np.ndarray:
+        """[..., robot_dim] robot-native actions -> [..., robot_dim] normalised model actions: the inverse of
+        ``unnormalize_actions`` on the robot's dims (same quantile map, fp32 round-off); the model's dims beyond
+        robot_dim are not represented (callers zero-pad them)."""
+        a = actions.detach().float().cpu().numpy() if isinstance(actions, torch.Tensor) else np.asarray(actions)
+        if a.shape[-1] != self.action_dims:
+            raise ValueError(f"actions have {a.shape[-1]} dims, expected robot_dim {self.action_dims}")
+        return self.norm_stats.normalize_actions(a)

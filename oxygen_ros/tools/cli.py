@@ -3,6 +3,7 @@
   oxygen node [ROS args]        the lifecycle node (same as `oxygen_node` / `ros2 run oxygen_ros oxygen_node`)
   oxygen demo [...]             the main job: node + replayed synthetic bag + questions + live metrics + plot
   oxygen bench [...]            engine benchmark: isolated vs shared vs oxygen, side by side (no ROS needed)
+  oxygen smoothness [...]       executed-action smoothness at chunk switches: none vs blend vs rtc (no ROS needed)
   oxygen make-bag [...]         write a synthetic multi-camera rosbag2
   oxygen replay BAG [...]       republish a bag's raw messages at recorded timing (no `ros2 bag` needed);
                                 --record OUT also records the node's outputs
@@ -11,7 +12,8 @@
   oxygen ros-bench [...]        control-topic rate, jitter and camera-to-chunk latency through real DDS
   oxygen soak [...]             minutes of node + replay + questions, sampling the node's RSS (memory stays flat)
 
-Each subcommand's module is imported only when it is used, so `oxygen bench` runs on a machine without ROS.
+Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
+run on a machine without ROS.
 """
 import importlib
 import os
@@ -21,6 +23,7 @@ COMMANDS = {
     "node": ("oxygen_ros.ros.node", "main"),
     "demo": ("oxygen_ros.tools.demo", "main"),
     "bench": ("oxygen_ros.tools.bench", "main"),
+    "smoothness": ("oxygen_ros.tools.smoothness", "main"),
     "make-bag": ("oxygen_ros.tools.bags", "make_bag_main"),
     "replay": ("oxygen_ros.tools.bags", "replay_main"),
     "bag-eval": ("oxygen_ros.tools.bag_eval", "main"),
