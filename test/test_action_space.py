@@ -184,3 +184,18 @@ def test_check_value_for_runtime_set_and_array_types():
     assert check_value("delta_action_mask", [True, False]) is None
     assert "0/1" in check_value("delta_action_mask", [3])
     assert "outputs" in check_value("outputs", ["nope"])
+
+
+# -- diagnostics ---------------------------------------------------------------------------------------------------
+def test_limited_rows_in_diagnostics():
+    from oxygen_ros.ros.diagnostics import OK, WARN, build_statuses
+
+    base = dict(state="active", control_rate_hz=70.0, control_rate_measured_hz=69.0, observation_age_s=0.1,
+                max_observation_age_s=1.0, chunking="rtc", rtc_delay_steps=3, rtc_chunks=7,
+                counters={"actions_clipped_rows": 12, "actions_step_limited_rows": 4})
+    st = {s.name: s for s in build_statuses({**base, "counters_delta": {}})}["oxygen_node: control"]
+    assert st.level == OK and st.values["actions_clipped_rows"] == 12 and st.values["actions_step_limited_rows"] == 4
+    assert st.values["chunking"] == "rtc" and st.values["rtc_delay_steps"] == 3 and st.values["rtc_chunks"] == 7
+    st = {s.name: s for s in build_statuses({**base, "counters_delta": {"actions_clipped_rows": 5}})}
+    c = st["oxygen_node: control"]
+    assert c.level == WARN and "actions_clipped_rows +5" in c.message

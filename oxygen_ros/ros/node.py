@@ -424,6 +424,12 @@ class OxygenNode(LifecycleNode):
             "stale": self._state == "active" and (age is None and time.monotonic() - self._t_start > 30.0
                                                   or age is not None and age > max_age),
             "stale_behavior": self.p("stale_behavior"),
+            "chunking": self.p("chunking"),
+            **({"rtc_delay_steps": pl.rtc_last[0], "rtc_execution_horizon": pl.rtc_last[1],
+                "rtc_chunks": pl.buffer.chunks_rtc, "rtc_rows_skipped": pl.buffer.rtc_rows_skipped,
+                "rtc_guided": pl.rtc_guided,
+                "rtc_ms_p50": float(sorted(pl.rtc_ms)[len(pl.rtc_ms) // 2]) if pl.rtc_ms else 0.0}
+               if pl is not None and self.p("chunking") == "rtc" else {}),
             "state_age_s": state_age, "max_state_age_s": max_state_age,
             "state_stale": active and (state_age is not None and state_age > max_state_age
                                        or state_age is None and state_required and active_s > max_state_age),
