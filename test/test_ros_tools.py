@@ -57,3 +57,18 @@ def test_ros_bench_short_run(tmp_path):
     res = json.loads(out.read_text())
     assert res["control_rate_hz"] > 0 and res["camera_to_chunk_ms"]["n"] > 0
     assert res["interarrival_ms"]["p50"] == pytest.approx(1000 / 70, rel=0.5)
+
+
+def test_ros_bench_smoothness_splits_switch_and_inside_steps():
+    from oxygen_ros.tools.ros_bench import smoothness
+
+    p = 0.01
+    t = [int(i * p * 1e9) for i in range(8)]
+    rows = [[0.0], [0.1], [0.2], [1.2], [1.3], [1.4], [1.5], [5.0]]
+    ids = [1, 1, 1, 2, 2, 2, 2, 3]
+    t[7] += int(2 * p * 1e9)                       # a missed tick before the last one: not a step
+    sm = smoothness(list(zip(t, ids, rows)), p)
+    assert sm["switch"]["n"] == 1 and sm["switch"]["p50"] == pytest.approx(1.0)
+    assert sm["inside"]["n"] == 5 and sm["inside"]["p50"] == pytest.approx(0.1)
+    assert sm["ratio_p50"] == pytest.approx(10.0)
+    assert smoothness([], p)["switch"] == {"n": 0} and smoothness([], p)["ratio_p50"] is None

@@ -2,15 +2,32 @@
 
 This file owns the timing semantics of published actions; it is pure Python/numpy (no rclpy) and unit-tested
 alone.  A chunk ``actions[H, A]`` computed from an observation captured at ``capture_time`` becomes available at
-``ready_time``.  Row ``i`` is meant for time ``origin + i * step_dt``, where ``origin`` is ``ready_time``
-(``time_origin="arrival"``, the openpi behaviour: the robot starts a chunk when it gets it, row 0 at the first tick)
-or ``capture_time`` (``time_origin="capture"``: rows that inference latency already made past are skipped).  Each
-``sample(now)`` returns the rows not yet executed at ``now`` (the *remainder*), or ``None``.  When a new chunk
-arrives while the previous one still has rows left, the first ``blend_steps`` overlapping rows are a linear
-cross-fade from the old remainder to the new chunk (weights (j+1)/(n+1)); the result is fixed at arrival, so all
-later samples are consistent.  When the remainder is used up: ``stale_behavior="stop"`` returns ``None`` (the node
-publishes nothing), ``"hold"`` returns one row repeating the last executed action, flagged ``held``.  The buffer
-never decides staleness of observations itself: the node stops feeding it chunks from frames older than
+``ready_time``.  Row ``i`` is meant for time ``origin + i * step_dt``.  Each ``sample(now)`` returns the rows not yet
+executed at ``now`` (the *remainder*: rows from ``index_at(now)`` on), or ``None``.  When the remainder is used up:
+``stale_behavior="stop"`` returns ``None`` (the node publishes nothing), ``"hold"`` returns one row repeating the last
+executed action, flagged ``held``.  How a new chunk takes over from the previous one (``chunking``):
+
+* ``"blend"`` (default) / ``"none"``: ``origin`` is ``ready_time`` (``time_origin="arrival"``, the openpi behaviour:
+  the robot starts a chunk when it gets it, row 0 at the first tick) or ``capture_time`` (``time_origin="capture"``:
+  rows that inference latency already made past are skipped).  With ``"blend"`` and ``blend_steps > 0``, when a new
+  chunk arrives while the previous one still has rows left, the first ``blend_steps`` overlapping rows are a linear
+  cross-fade from the old remainder to the new chunk (weights (j+1)/(n+1)); ``"none"`` never blends.
+* ``"rtc"`` (real-time chunking): before inference starts, ``snapshot(t_s)`` returns the rows of the current chunk
+  that the robot will execute from ``t_s`` on (``prev_actions``: row ``i`` = the action for the new chunk's row
+  ``i``) and the new chunk's time origin: the start of the current chunk's row slot that contains ``t_s``, so the
+  new chunk's rows lie on the same time grid as the old one's (new row ``i`` <-> old row ``k_s + i`` exactly, for
+  any tick phase).  The engine freezes the new chunk's first ``d`` rows to those rows and guides the overlap toward
+  them.  ``push(..., rtc_origin=origin)`` installs the new chunk with that origin: at its arrival the robot is at
+  row ``k = index_at(ready_time)`` (``k`` ~ ``d`` when ``d`` was estimated well); rows ``[0, k)`` were executed from
+  the old chunk while inferring (they are skipped, counted in ``rtc_rows_skipped``), and the next tick continues at
+  new row ``k``, which the engine made equal (``k < d``) or close (the guided overlap) to the old plan's row for that
+  slot, so the executed stream is continuous.  Without a snapshot (first chunk, the previous one used up) the chunk
+  starts as with ``time_origin``.
+
+Whatever the mode, the result is fixed at arrival, so all later samples are consistent; with a ``step_limit``
+(``ActionSpace.limit_steps``) the rows from ``index_at(ready_time)`` on are then limited step by step starting from
+the last executed action, so the per-step change limit also holds across chunk switches.  The buffer never decides
+staleness of observations itself: the node stops feeding it chunks from frames older than
 ``max_observation_age_s``; ``observation_age(now)`` reports the age of the newest chunk's frame.
 """
 from __future__ import annotations
@@ -21,7 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ChunkBuffer", "ControlSample"]
+__all__ = ["ChunkBuffer", "ControlSample", "ChunkView", "RTCSnapshot", "PushInfo", "CHUNKING_MODES"]
+
+CHUNKING_MODES = ("blend", "none", "rtc")
 
 
 @dataclass
@@ -52,19 +71,54 @@ class _Chunk:
     blend_end: int = 0         # rows [.., blend_end) of this chunk are cross-faded with the previous remainder
 
 
+@dataclass(frozen=True)
+class RTCSnapshot:
+    """What the robot will execute from the snapshot time on, for the next chunk's real-time chunking."""
+    origin: float              # the new chunk's time origin (start of the current chunk's slot containing t_s)
+    rows: np.ndarray           # [n, A] float32: the current chunk's rows from that slot on (n >= 1)
+    chunk_id: int              # the chunk they come from
+    index: int                 # the current chunk's row at the snapshot (rows = its actions[index:])
+
+
+@dataclass(frozen=True)
+class PushInfo:
+    """What ``push`` did with a chunk."""
+    index: int                 # the row the robot continues at (index_at(ready_time))
+    rtc: bool                  # installed with a snapshot's origin
+    blended_rows: int          # rows cross-faded with the previous remainder
+    step_limited_rows: int     # rows the per-step change limit moved
+    expired: bool              # no row left at arrival
+
+
+@dataclass(frozen=True)
+class ChunkView:
+    """The current chunk's remaining rows at a time, without consuming anything (e.g. for JointTrajectory)."""
+    rows: np.ndarray           # [n, A] float32, row 0 = the row whose slot contains ``now``
+    index: int
+    first_due: float           # when row 0 is due (origin + index * step_dt), seconds
+    chunk_id: int
+    frame_index: int
+    capture_ns: int
+    frame_id: str
+
+
 class ChunkBuffer:
     """Thread-safe: ``push`` from the inference thread, ``sample`` from the control timer."""
 
     def __init__(self, step_dt: float, *, blend_steps: int = 0, stale_behavior: str = "stop",
-                 time_origin: str = "arrival"):
+                 time_origin: str = "arrival", chunking: str = "blend", step_limit=None):
         if not step_dt > 0:
             raise ValueError("step_dt must be > 0")
         if stale_behavior not in ("stop", "hold"):
             raise ValueError(f"stale_behavior must be 'stop' or 'hold', got {stale_behavior!r}")
         if time_origin not in ("arrival", "capture"):
             raise ValueError(f"time_origin must be 'arrival' or 'capture', got {time_origin!r}")
+        if chunking not in CHUNKING_MODES:
+            raise ValueError(f"chunking must be one of {CHUNKING_MODES}, got {chunking!r}")
         self.step_dt = float(step_dt)
-        self.blend_steps = max(0, int(blend_steps))
+        self.chunking = chunking
+        self.blend_steps = max(0, int(blend_steps)) if chunking == "blend" else 0
+        self.step_limit = step_limit        # (rows, prev_row or None) -> (rows, rows changed), or None
         self.stale_behavior = stale_behavior
         self.time_origin = time_origin
         self._lock = threading.Lock()
@@ -74,6 +128,9 @@ class ChunkBuffer:
         self.chunks_pushed = 0
         self.chunks_blended = 0
         self.chunks_expired_on_arrival = 0
+        self.chunks_rtc = 0                 # chunks installed on a snapshot's time origin
+        self.rtc_rows_skipped = 0           # rows of those executed from the previous chunk while inferring
+        self.step_limited_rows = 0
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _index_at(self, ch: _Chunk, t: float) -> int:
@@ -81,21 +138,45 @@ class ChunkBuffer:
         return max(0, int(math.floor((t - ch.origin) / self.step_dt + 1e-6)))
 
     # -- API ----------------------------------------------------------------------------------------------------
+    def snapshot(self, now: float) -> RTCSnapshot | None:
+        """For ``chunking="rtc"``: the rows the robot executes from ``now`` on and the next chunk's time origin, or
+        None (no chunk, or its remainder is used up: the next chunk then starts without real-time chunking)."""
+        with self._lock:
+            ch = self._chunk
+            if ch is None:
+                return None
+            k = self._index_at(ch, now)
+            if k >= len(ch.actions):
+                return None
+            return RTCSnapshot(ch.origin + k * self.step_dt, ch.actions[k:].copy(), ch.chunk_id, k)
+
     def push(self, actions, *, chunk_id: int, frame_index: int, capture_time: float, ready_time: float,
-             latency_ms: float = 0.0, capture_ns: int | None = None, frame_id: str = "") -> None:
+             latency_ms: float = 0.0, capture_ns: int | None = None, frame_id: str = "",
+             rtc_origin: float | None = None) -> PushInfo:
+        """Install a new chunk; ``rtc_origin``: the origin of the ``snapshot`` taken before inferring it (used with
+        ``chunking="rtc"``; ignored otherwise)."""
         a = np.asarray(actions, dtype=np.float32)
         if a.ndim != 2 or a.shape[0] == 0:
             raise ValueError(f"actions must be [H, A] with H > 0, got {a.shape}")
-        origin = ready_time if self.time_origin == "arrival" else capture_time
+        rtc = self.chunking == "rtc" and rtc_origin is not None
+        if rtc:
+            origin = float(rtc_origin)
+        else:
+            origin = ready_time if self.time_origin == "arrival" else capture_time
         new = _Chunk(a.copy(), int(chunk_id), int(frame_index), float(capture_time), float(ready_time),
                      float(origin), float(latency_ms),
                      int(round(capture_time * 1e9)) if capture_ns is None else int(capture_ns), str(frame_id))
+        blended = limited = 0
         with self._lock:
             self.chunks_pushed += 1
             old = self._chunk
             k_new = self._index_at(new, ready_time)
-            if k_new >= len(new.actions):
+            expired = k_new >= len(new.actions)
+            if expired:
                 self.chunks_expired_on_arrival += 1
+            if rtc:
+                self.chunks_rtc += 1
+                self.rtc_rows_skipped += min(k_new, len(new.actions))
             if old is not None and self.blend_steps > 0:
                 k_old = self._index_at(old, ready_time)
                 rem_old = old.actions[k_old:]
@@ -105,7 +186,25 @@ class ChunkBuffer:
                     new.actions[k_new:k_new + n] = (1.0 - w) * rem_old[:n] + w * new.actions[k_new:k_new + n]
                     new.blend_end = k_new + n
                     self.chunks_blended += 1
+                    blended = n
+            if self.step_limit is not None and not expired:
+                rows, limited = self.step_limit(new.actions[k_new:], self._last_action)
+                new.actions[k_new:] = rows
+                self.step_limited_rows += limited
             self._chunk = new
+        return PushInfo(k_new, rtc, blended, limited, expired)
+
+    def view(self, now: float) -> ChunkView | None:
+        """The current chunk's rows from the one for ``now`` on (None if none is left); consumes nothing."""
+        with self._lock:
+            ch = self._chunk
+            if ch is None:
+                return None
+            k = self._index_at(ch, now)
+            if k >= len(ch.actions):
+                return None
+            return ChunkView(ch.actions[k:].copy(), k, ch.origin + k * self.step_dt, ch.chunk_id, ch.frame_index,
+                             ch.capture_ns, ch.frame_id)
 
     def sample(self, now: float) -> ControlSample | None:
         with self._lock:

@@ -10,7 +10,10 @@ every key/value is also listed in the README.  Levels:
 control ERROR when the node is not active, the newest primary-camera frame is older than ``max_observation_age_s``
 (cameras stopped), the joint state is older than ``max_state_age_s`` (or none arrived while state joints are
 configured), or no valid chunk was produced for ``CHUNK_GRACE_S`` (or 3x the p99 cycle latency, if longer) while
-active (e.g. every chunk non-finite); WARN when the measured control rate is below 80% of the configured rate.
+active (e.g. every chunk non-finite); WARN when the measured control rate is below 80% of the configured rate, or
+when action rows were clipped to ``action_limits_*`` or moved by ``action_max_step_change`` during the last period
+(``actions_clipped_rows`` / ``actions_step_limited_rows``, totals in the values, with the chunking mode and RTC's
+d, s, chunks switched and rows skipped).
 inference ERROR when configure failed; WARN when cycles failed or chunks were invalid during the last period.
 language WARN when prompts were dropped/truncated/rejected (or converse goals rejected) during the last period.
 inputs WARN when inputs were rejected, a camera frame failed, a header stamp was in the future (clock skew) during
@@ -179,7 +182,14 @@ def build_statuses(s: dict) -> list[Status]:
             "state_age_s": -1.0 if s.get("state_age_s") is None else float(s["state_age_s"]),
             "max_state_age_s": float(s.get("max_state_age_s", 0.0) or 0.0),
             "chunk_invalid": counters.get("chunk_invalid", 0),
-            "seconds_since_last_chunk": -1.0 if s.get("no_chunk_s") is None else float(s["no_chunk_s"])}
+            "seconds_since_last_chunk": -1.0 if s.get("no_chunk_s") is None else float(s["no_chunk_s"]),
+            "actions_clipped_rows": counters.get("actions_clipped_rows", 0),
+            "actions_step_limited_rows": counters.get("actions_step_limited_rows", 0)}
+    for k in ("chunking", "rtc_delay_steps", "rtc_execution_horizon", "rtc_chunks", "rtc_rows_skipped",
+              "rtc_guided", "rtc_ms_p50"):
+        if k in s:
+            vals[k] = s[k]
+    limited = {k: delta.get(k, 0) for k in ("actions_clipped_rows", "actions_step_limited_rows") if delta.get(k, 0)}
     if state != "active":
         lvl, msg = ERROR, f"node is {state}"
         if s.get("configure_error"):
@@ -199,6 +209,8 @@ def build_statuses(s: dict) -> list[Status]:
                            f"({counters.get('chunk_invalid', 0)} invalid chunks dropped: non-finite model output?)")
     elif target > 0 and measured < 0.8 * target:
         lvl, msg = WARN, f"control rate {measured:.1f} Hz below 80% of {target:.1f} Hz"
+    elif limited:
+        lvl, msg = WARN, "actions limited: " + ", ".join(f"{k} +{v}" for k, v in limited.items())
     else:
         lvl, msg = OK, f"publishing at {measured:.1f} Hz"
     out.append(Status("oxygen_node: control", lvl, msg, vals))

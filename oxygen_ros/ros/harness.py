@@ -162,7 +162,7 @@ class Monitor:
         self.node = rclpy.create_node(node_name)
         self.lock = threading.Lock()
         # (t_recv_monotonic, recv_ros_ns, header stamp ns, chunk_id, horizon, latency_ms, observation_age_s,
-        #  start_time ns = the node's control tick)
+        #  start_time ns = the node's control tick, row 0 = the action executed at that tick [A] float32)
         self.chunks: list = []
         self.tokens: list = []          # (t, request_id, task, index, text, is_final, finish_reason)
         self.responses: list = []       # (t, text)
@@ -200,7 +200,9 @@ class Monitor:
         hs = m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec
         with self.lock:
             st = m.start_time.sec * 1_000_000_000 + m.start_time.nanosec
-            self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s, st))
+            row0 = np.asarray(m.actions[:m.action_dim], dtype=np.float32)
+            self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s, st,
+                                row0))
 
     def _on_token(self, m):
         with self.lock:

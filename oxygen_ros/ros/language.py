@@ -83,7 +83,9 @@ def memory_out(e: StoredEntry) -> MemoryOut:
 
 @dataclass(frozen=True)
 class ChunkOut:
-    """A new action chunk as the engine produced it (after validation), before the control buffer slices it."""
+    """A new action chunk (validated, absolute, clipped to the limits) as it went into the control buffer, and the
+    buffer's view of it at arrival (rows from the current one on, after blending / the RTC switch / the step limit;
+    None when no row is left): what the JointTrajectory output publishes."""
     frame_index: int
     chunk_id: int
     actions: object              # np.ndarray [H, A] float32
@@ -91,6 +93,7 @@ class ChunkOut:
     ready_ns: int
     latency_ms: float
     frame_id: str
+    view: object = None          # control.ChunkView | None
 
 
 class Outputs(Protocol):

@@ -1,6 +1,10 @@
 """The node's output messages, built from the pipeline's plain records: one function per message type.
 
-This file owns how a ``ControlSample`` becomes an ``oxygen_ros/ActionChunk`` and how ``TokenOut`` / ``MemoryOut`` /
+This file owns how a ``ControlSample`` becomes an ``oxygen_ros/ActionChunk``, how a new chunk's ``ChunkView`` becomes a
+``trajectory_msgs/JointTrajectory`` (for ros2_control's ``joint_trajectory_controller``: one point per row from the
+current row on, ``time_from_start = i * step_dt``, velocities by finite differences -- central inside, one-sided at
+the two ends, zero for a single point --, ``header.stamp`` = when the first point is due, i.e. the start of the
+current row's slot, at most one control step before publication), and how ``TokenOut`` / ``MemoryOut`` /
 ``ResponseOut`` become ``LanguageToken`` / ``MemoryEntry`` / ``ConversationResponse`` (and the ``Converse`` action's
 result and feedback) — used by the live node and by the offline tools that write the same messages into bags, so
 both produce identical messages for identical records.
@@ -8,19 +12,55 @@ both produce identical messages for identical records.
 from __future__ import annotations
 
 import numpy as np
+from builtin_interfaces.msg import Duration as DurationMsg
 from builtin_interfaces.msg import Time as TimeMsg
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry
 
-from .control import ControlSample
+from .control import ChunkView, ControlSample
 from .language import MemoryOut, ResponseOut, TokenOut
 
-__all__ = ["time_msg", "action_chunk", "language_token", "memory_entry", "conversation_response", "converse_result",
+__all__ = ["time_msg", "duration_msg", "action_chunk", "joint_trajectory", "finite_difference_velocities", "language_token", "memory_entry", "conversation_response", "converse_result",
            "converse_feedback"]
 
 
 def time_msg(ns: int) -> TimeMsg:
     return TimeMsg(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
+
+
+def duration_msg(ns: int) -> DurationMsg:
+    return DurationMsg(sec=int(ns // 1_000_000_000), nanosec=int(ns % 1_000_000_000))
+
+
+def finite_difference_velocities(positions: np.ndarray, step_dt: float) -> np.ndarray:
+    """[n, A] positions at ``step_dt`` spacing -> [n, A] velocities: central differences inside, one-sided
+    (forward at the first point, backward at the last) at the ends, zeros for a single point."""
+    p = np.asarray(positions, dtype=np.float64)
+    v = np.zeros_like(p)
+    if len(p) >= 2:
+        v[1:-1] = (p[2:] - p[:-2]) / (2.0 * step_dt)
+        v[0] = (p[1] - p[0]) / step_dt
+        v[-1] = (p[-1] - p[-2]) / step_dt
+    return v
+
+
+def joint_trajectory(v: ChunkView, *, step_dt: float, joint_names: list[str]) -> JointTrajectory:
+    """A new chunk's rows from the current one on as a JointTrajectory (see the module docstring)."""
+    m = JointTrajectory()
+    first_ns = int(round(v.first_due * 1e9))
+    m.header.stamp = time_msg(first_ns)
+    m.header.frame_id = v.frame_id
+    m.joint_names = list(joint_names)
+    vel = finite_difference_velocities(v.rows, step_dt)
+    step_ns = int(round(step_dt * 1e9))
+    for i, (row, vrow) in enumerate(zip(np.asarray(v.rows, dtype=np.float64), vel)):
+        pt = JointTrajectoryPoint()
+        pt.positions = row.tolist()
+        pt.velocities = vrow.tolist()
+        pt.time_from_start = duration_msg(i * step_ns)
+        m.points.append(pt)
+    return m
 
 
 def action_chunk(s: ControlSample, *, now_ns: int, step_dt: float, joint_names: list[str]) -> ActionChunk:

@@ -11,7 +11,8 @@ One frame's path: ``_on_image`` hands the message to ``pipeline.inputs`` (valida
 inference thread (``_inference_loop``) waits for a new primary-camera frame (at most ``frame_rate_hz``) and calls
 ``pipeline.step`` -> ``Engine.cycle`` -> the chunk lands in the ``ChunkBuffer`` -> the control loop
 (``_control_loop``: steady-clock absolute deadlines in its own thread, never waiting for inference or the executor;
-with ``use_sim_time`` a ROS timer on the simulated clock) publishes ``action_chunk`` at ``control_rate_hz``; tokens,
+with ``use_sim_time`` a ROS timer on the simulated clock) publishes ``action_chunk`` at ``control_rate_hz`` (and, with
+``outputs: [.., joint_trajectory]``, each new chunk once as ``joint_trajectory``, from the inference thread); tokens,
 answers and memory entries reach ``_Publishers`` through the pipeline's ``RequestTracker``.  While active the node also
 serves the ``converse`` action (``converse_server.py``) and the ``memory/query`` / ``memory/clear`` services
 (``memory_services.py``).
@@ -37,6 +38,7 @@ from rclpy.signals import SignalHandlerOptions
 from diagnostic_msgs.msg import DiagnosticArray
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, MemoryEntry
 
@@ -59,7 +61,9 @@ class _Publishers:
     """The pipeline's ``Outputs``: records -> messages on the node's lifecycle publishers."""
 
     def __init__(self, node: "OxygenNode"):
+        self.node = node
         self.actions = node.create_lifecycle_publisher(ActionChunk, "action_chunk", 10)
+        self.trajectory = None          # created at configure when outputs has joint_trajectory
         self.tokens = node.create_lifecycle_publisher(LanguageToken, "language/tokens", 100)
         self.response_text = node.create_lifecycle_publisher(String, "conversation/response", 10)
         self.results = node.create_lifecycle_publisher(ConversationResponse, "conversation/result", 100)
@@ -95,8 +99,20 @@ class _Publishers:
     def memory(self, m: MemoryOut) -> None:
         self.publish(self.memory_entries, messages.memory_entry(m))
 
+    def open_trajectory(self, on: bool) -> None:
+        """Create (or destroy) the ``joint_trajectory`` publisher (configure / cleanup)."""
+        if on and self.trajectory is None:
+            self.trajectory = self.node.create_lifecycle_publisher(JointTrajectory, "joint_trajectory", 10)
+        elif not on and self.trajectory is not None:
+            self.node.destroy_lifecycle_publisher(self.trajectory)
+            self.trajectory = None
+
     def chunk(self, c: ChunkOut) -> None:
-        pass        # the control loop publishes the buffer's remainder at control_rate_hz
+        # action_chunk: the control loop publishes the buffer's remainder at control_rate_hz
+        st = self.node.settings
+        if self.trajectory is not None and c.view is not None and st is not None:
+            self.publish(self.trajectory, messages.joint_trajectory(
+                c.view, step_dt=1.0 / st.control_rate_hz, joint_names=st.action_names))
 
 
 class OxygenNode(LifecycleNode):
@@ -175,6 +191,7 @@ class OxygenNode(LifecycleNode):
             self.pipeline = Pipeline(self.settings, self.pub, clock_ns=self._now_ns, logger=self.get_logger(),
                                      counters=self.counters, engine_factory=self._engine_factory)
             self.model_info = self.pipeline.info
+            self.pub.open_trajectory(self.settings.publish_joint_trajectory)
             mem = self.pipeline.memory
             if mem.path:
                 self.get_logger().info(f"memory entries -> {mem.path} ({mem.count()} stored, {mem.state})")
@@ -211,7 +228,8 @@ class OxygenNode(LifecycleNode):
         self._t_active = time.monotonic()
         self.get_logger().info(
             f"active: {len([t for t in self.settings.slot_topics if t])} camera(s), control "
-            f"{self.settings.control_rate_hz:g} Hz, publishing action_chunk, language/tokens, conversation/response, "
+            f"{self.settings.control_rate_hz:g} Hz, publishing {', '.join(self.settings.outputs)}, language/tokens, "
+            "conversation/response, "
             "conversation/result, memory/entries; serving converse, memory/query, memory/clear")
         return super().on_activate(state)
 
@@ -270,6 +288,10 @@ class OxygenNode(LifecycleNode):
 
     def _teardown_pipeline(self) -> None:
         pl, self.pipeline = self.pipeline, None
+        try:
+            self.pub.open_trajectory(False)
+        except Exception:  # noqa: BLE001 - the context may already be gone at shutdown
+            pass
         if pl is not None:
             pl.close()
         gc.collect()
@@ -347,7 +369,7 @@ class OxygenNode(LifecycleNode):
             return
         now_ns = self._now_ns()
         s = pl.sample(now_ns)
-        if s is None:
+        if s is None or not self.settings.publish_action_chunk:
             return
         self.pub.publish(self.pub.actions, messages.action_chunk(
             s, now_ns=now_ns, step_dt=1.0 / self.settings.control_rate_hz, joint_names=pl.action_names))
@@ -402,6 +424,12 @@ class OxygenNode(LifecycleNode):
             "stale": self._state == "active" and (age is None and time.monotonic() - self._t_start > 30.0
                                                   or age is not None and age > max_age),
             "stale_behavior": self.p("stale_behavior"),
+            "chunking": self.p("chunking"),
+            **({"rtc_delay_steps": pl.rtc_last[0], "rtc_execution_horizon": pl.rtc_last[1],
+                "rtc_chunks": pl.buffer.chunks_rtc, "rtc_rows_skipped": pl.buffer.rtc_rows_skipped,
+                "rtc_guided": pl.rtc_guided,
+                "rtc_ms_p50": float(sorted(pl.rtc_ms)[len(pl.rtc_ms) // 2]) if pl.rtc_ms else 0.0}
+               if pl is not None and self.p("chunking") == "rtc" else {}),
             "state_age_s": state_age, "max_state_age_s": max_state_age,
             "state_stale": active and (state_age is not None and state_age > max_state_age
                                        or state_age is None and state_required and active_s > max_state_age),

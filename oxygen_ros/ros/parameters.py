@@ -15,11 +15,15 @@ from dataclasses import dataclass
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
-           "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "SLOT_NAMES"]
+           "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
+           "OUTPUTS", "CHUNKING"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
 BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
+INT_ARRAY, DOUBLE_ARRAY = 7, 8     # declared with dynamic typing: an empty default has no element type in ROS
 SLOT_NAMES = ("base", "left_wrist", "right_wrist")
+OUTPUTS = ("action_chunk", "joint_trajectory")
+CHUNKING = ("blend", "none", "rtc")
 
 # name: (type, default, description, range (lo, hi) or choices tuple or None)
 PARAMETERS: dict[str, tuple] = {
@@ -55,7 +59,34 @@ PARAMETERS: dict[str, tuple] = {
                        ("stop", "hold")),
     "chunk_time_origin": (STRING, "arrival", "Row 0 of a chunk is for the first tick after it is ready (arrival) or "
                                              "for the observation's capture time (capture).", ("arrival", "capture")),
-    "blend_steps": (INT, 0, "Rows cross-faded from the previous chunk's remainder into a new chunk.", (0, 1000)),
+    "blend_steps": (INT, 0, "Rows cross-faded from the previous chunk's remainder into a new chunk "
+                            "(chunking: blend).", (0, 1000)),
+    "chunking": (STRING, "blend", "How a new chunk takes over from the previous one: blend (cross-fade blend_steps "
+                                  "rows; blend_steps 0 = switch at once, as before), none (switch at once), rtc "
+                                  "(real-time chunking: the engine freezes the first d rows to what the robot "
+                                  "executes while it infers and guides the overlap toward the previous chunk).",
+                 CHUNKING),
+    "rtc_execution_horizon": (INT, 0, "RTC: rows the robot executes of each chunk before the next one takes over "
+                                      "(end of the soft guidance mask); 0 = measured (p50 of the interval between "
+                                      "chunks, in control steps).", (0, 1000)),
+    "rtc_max_guidance_weight": (DOUBLE, 10.0, "RTC: clip of the guidance weight (beta).", (0.0, 1.0e6)),
+    "rtc_delay_steps": (INT, 0, "RTC: frozen rows d (control steps executed while a chunk is inferred); 0 = "
+                                "measured (p90 of recent snapshot->chunk latencies, in control steps, rounded "
+                                "up).", (0, 1000)),
+    "delta_action_mask": (INT_ARRAY, [], "Per action column: 1/true = the model outputs a delta relative to the "
+                                         "joint state at the observation's capture time (openpi DeltaActions), "
+                                         "0/false = absolute; columns past the end are absolute; [] = all "
+                                         "absolute.", None),
+    "action_limits_min": (DOUBLE_ARRAY, [], "Per-column lower bound of published actions (clipped rows are "
+                                            "counted); [] = none.", None),
+    "action_limits_max": (DOUBLE_ARRAY, [], "Per-column upper bound of published actions; [] = none.", None),
+    "action_max_step_change": (DOUBLE_ARRAY, [], "Largest change of an action column from one control step to the "
+                                                 "next (also across chunk switches): one value for all columns or "
+                                                 "one per column (0 = unlimited); [] = off.", None),
+    "outputs": (STRING_ARRAY, ["action_chunk"], "Action outputs: action_chunk (the remainder at control_rate_hz) "
+                                                "and/or joint_trajectory (trajectory_msgs/JointTrajectory once per "
+                                                "new chunk, for ros2_control's joint_trajectory_controller).",
+                None),
     "stamp_source": (STRING, "header", "Observation capture time: header.stamp, or arrival time.",
                      ("header", "receive")),
     "camera_topics": (STRING_ARRAY, ["camera/base/image_raw", "camera/left_wrist/image_raw",
@@ -85,7 +116,9 @@ PARAMETERS: dict[str, tuple] = {
     "debug_fault_injection": (BOOL, False, "Tests only: enable the ~/inject_fault topic.", None),
 }
 
-_PY_TYPES = {BOOL: bool, INT: int, DOUBLE: float, STRING: str, STRING_ARRAY: list}
+_PY_TYPES = {BOOL: bool, INT: int, DOUBLE: float, STRING: str, STRING_ARRAY: list, INT_ARRAY: list,
+             DOUBLE_ARRAY: list}
+_NUMBER = (int, float)
 
 
 class ConfigureError(RuntimeError):
@@ -98,6 +131,8 @@ def descriptor(name: str, spec: tuple | None = None):
 
     typ, _default, text, rng = spec or PARAMETERS[name]
     d = ParameterDescriptor(name=name, type=typ, description=text)
+    if typ in (INT_ARRAY, DOUBLE_ARRAY):
+        d.dynamic_typing = True      # [] has no element type; [1, 0] / [true, false] / [0.5] all accepted
     if isinstance(rng, tuple) and rng and isinstance(rng[0], str):
         d.additional_constraints = "one of: " + ", ".join(repr(c) for c in rng)
     elif rng is not None and typ == DOUBLE:
@@ -116,13 +151,26 @@ def check_value(name: str, value) -> str | None:
     want = _PY_TYPES[typ]
     if typ == DOUBLE and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if typ in (INT_ARRAY, DOUBLE_ARRAY) and (isinstance(value, tuple) or hasattr(value, "tolist")):
+        value = list(value.tolist() if hasattr(value, "tolist") else value)
     if not isinstance(value, want) or (typ == INT and isinstance(value, bool)):
         return f"{name} must be a {want.__name__}, got {type(value).__name__} {value!r}"
+    if typ == INT_ARRAY and not all(isinstance(x, bool) or isinstance(x, int) and x in (0, 1) for x in value):
+        return f"{name} entries must be 0/1 or true/false, got {value!r}"
+    if typ == DOUBLE_ARRAY:
+        if not all(isinstance(x, _NUMBER) and not isinstance(x, bool) for x in value):
+            return f"{name} entries must be numbers, got {value!r}"
+        if any(x != x for x in value):
+            return f"{name} contains NaN"
     if isinstance(rng, tuple) and rng and isinstance(rng[0], str):
         if value not in rng:
             return f"{name} must be one of {list(rng)}, got {value!r}"
     elif rng is not None and not (rng[0] <= value <= rng[1]):
         return f"{name} must be in [{rng[0]}, {rng[1]}], got {value!r}"
+    if name == "outputs":
+        bad = [o for o in value if o not in OUTPUTS]
+        if bad or not value or len(set(value)) != len(value):
+            return f"outputs must be a non-empty list of distinct entries of {list(OUTPUTS)}, got {value!r}"
     if name == "camera_topics" and len(value) > 3:
         return f"camera_topics has {len(value)} entries; the model has 3 camera slots"
     return None
@@ -146,9 +194,15 @@ class Settings:
                 v = float(v)
             if spec[0] == STRING_ARRAY:
                 v = [str(x) for x in v]
+            if spec[0] in (INT_ARRAY, DOUBLE_ARRAY) and not isinstance(v, list):
+                v = list(v.tolist() if hasattr(v, "tolist") else v)
             why = check_value(name, v)
             if why:
                 raise ConfigureError(f"parameter {why}")
+            if spec[0] == INT_ARRAY:
+                v = [bool(x) for x in v]
+            elif spec[0] == DOUBLE_ARRAY:
+                v = [float(x) for x in v]
             out[name] = v
         unknown = set(values or {}) - set(PARAMETERS) - {"use_sim_time"}
         if unknown:
@@ -193,6 +247,14 @@ class Settings:
     def action_names(self) -> list[str]:
         return self._names(self.action_joint_names)
 
+    @property
+    def publish_action_chunk(self) -> bool:
+        return "action_chunk" in self.outputs
+
+    @property
+    def publish_joint_trajectory(self) -> bool:
+        return "joint_trajectory" in self.outputs
+
     def _check_combination(self) -> None:
         if not any(self.slot_topics):
             raise ConfigureError("camera_topics has no non-empty entry; at least one camera is needed")
@@ -202,6 +264,31 @@ class Settings:
             raise ConfigureError("state_joint_names has duplicates")
         if len(set(self.action_names)) != len(self.action_names):
             raise ConfigureError("action_joint_names has duplicates")
+        if self.blend_steps > 0 and self.chunking != "blend":
+            raise ConfigureError(f"blend_steps {self.blend_steps} needs chunking: blend (chunking is "
+                                 f"{self.chunking!r}); set blend_steps: 0")
+        if "joint_trajectory" in self.outputs and not self.action_names:
+            raise ConfigureError("outputs has joint_trajectory, which needs action_joint_names (the trajectory's "
+                                 "joint_names)")
+        n = len(self.action_names)
+        for key in ("action_limits_min", "action_limits_max"):
+            if n and self.values[key] and len(self.values[key]) != n:
+                raise ConfigureError(f"{key} has {len(self.values[key])} entries but action_joint_names has {n}")
+        step = self.action_max_step_change
+        if n and len(step) not in (0, 1, n):
+            raise ConfigureError(f"action_max_step_change has {len(step)} entries: give 1 (all columns) or {n} "
+                                 "(one per action_joint_names entry)")
+        if any(x < 0 for x in step):
+            raise ConfigureError("action_max_step_change entries must be >= 0 (0 = unlimited)")
+        if n and len(self.delta_action_mask) > n:
+            raise ConfigureError(f"delta_action_mask has {len(self.delta_action_mask)} entries but "
+                                 f"action_joint_names has {n}")
+        lo, hi = self.action_limits_min, self.action_limits_max
+        if lo and hi and len(lo) == len(hi):
+            bad = [i for i, (a, b) in enumerate(zip(lo, hi)) if a > b]
+            if bad:
+                raise ConfigureError(f"action_limits_min[{bad[0]}] = {lo[bad[0]]} > action_limits_max[{bad[0]}] = "
+                                     f"{hi[bad[0]]}")
 
 
 def load_params_file(path: str | os.PathLike, node_name: str = "oxygen_node") -> dict:

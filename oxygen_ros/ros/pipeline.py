@@ -12,7 +12,16 @@ camera's newest frame is older than ``max_observation_age_s`` or the joint state
 (stale), convert and resize each camera's frame **in isolation** (a frame that fails masks only its own slot for
 this cycle; only the primary camera can skip a cycle), schedule memory / subtask requests on the given clock, build
 the ``Observation`` and call ``engine.cycle``; the engine calls back ``_on_actions`` (chunk -> buffer, at once,
-before any language work), ``_on_token`` and ``_on_finished``.  A failing cycle is counted, logged and skipped; the
+before any language work), ``_on_token`` and ``_on_finished``.  Actions on their way to the buffer
+(``ros/action_space.py``): masked columns of ``delta_action_mask`` get the joint state of this cycle's
+``Observation`` added (the state the model saw, taken with the frame), then ``action_limits_*`` clip (clipped rows
+counted: ``actions_clipped_rows``) and the buffer applies ``action_max_step_change`` to the rows that will be executed
+(``actions_step_limited_rows``).  With ``chunking: rtc`` each cycle first takes the buffer's ``snapshot`` (what the
+robot executes from now on, converted back to the engine's output space relative to the NEW observation's state) and
+passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is ``rtc_delay_steps`` or, when 0, the p90 of the recent
+snapshot -> chunk-ready latencies in control steps (rounded up), and ``s`` is ``rtc_execution_horizon`` or, when 0,
+the p50 interval between chunks in control steps; the chunk is installed on the snapshot's time origin (see
+``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as before.  A failing cycle is counted, logged and skipped; the
 pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
 back.  ``sample(now_ns)`` is what the control loop publishes; ``submit`` / ``cancel`` (thread-safe) serve the action
 server too.
@@ -20,6 +29,7 @@ server too.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 import traceback
@@ -28,15 +38,18 @@ from typing import Callable
 import numpy as np
 
 
+from oxygen_ros.engine.requests import RTCRequest
+
 from . import diagnostics as diag
-from .control import ChunkBuffer, ControlSample
+from .action_space import ActionSpace, ActionSpaceError
+from .control import ChunkBuffer, ControlSample, RTCSnapshot
 from .engine_factory import BuiltEngine, build_engine
 from .images import ImageError, image_to_rgb8
 from .inputs import Freshness, InputState, RequestIds
 from .language import ChunkOut, Outputs, RequestTracker
 from .memory_log import MemoryLog
 from .memory_store import MemoryQuery
-from .parameters import SLOT_NAMES, Settings
+from .parameters import SLOT_NAMES, ConfigureError, Settings
 
 __all__ = ["Pipeline", "Every"]
 
@@ -91,8 +104,26 @@ class Pipeline:
         self._state_watch = Freshness(self.report, "state_silent", "joint_states", s.state_age_limit_s,
                                       started_ns=t0)
         self.last_chunk_ns: int | None = None           # when the last valid chunk was produced (clock ns)
-        self.buffer = ChunkBuffer(1.0 / s.control_rate_hz, blend_steps=s.blend_steps,
-                                  stale_behavior=s.stale_behavior, time_origin=s.chunk_time_origin)
+        try:
+            self.space = ActionSpace.build(self.action_dims, delta_action_mask=s.delta_action_mask,
+                                           limits_min=s.action_limits_min, limits_max=s.action_limits_max,
+                                           max_step_change=s.action_max_step_change,
+                                           state_dim=len(s.state_names) if s.state_names else None)
+        except ActionSpaceError as exc:
+            raise ConfigureError(str(exc)) from exc
+        self.step_dt = 1.0 / s.control_rate_hz
+        self.buffer = ChunkBuffer(self.step_dt, blend_steps=s.blend_steps, stale_behavior=s.stale_behavior,
+                                  time_origin=s.chunk_time_origin, chunking=s.chunking,
+                                  step_limit=self.space.limit_steps if self.space.max_step is not None else None)
+        # per cycle: the Observation's joint state and the RTC snapshot (read back by _on_actions)
+        self._cycle_state: np.ndarray | None = None
+        self._cycle_snap: RTCSnapshot | None = None
+        self._cycle_t0_ns = 0                            # when the cycle's engine call started (clock ns)
+        self.chunk_delay_s: collections.deque = collections.deque(maxlen=50)     # engine call start -> chunk ready
+        self.chunk_interval_s: collections.deque = collections.deque(maxlen=50)  # between consecutive chunks
+        self.rtc_ms: collections.deque = collections.deque(maxlen=200)           # engine-reported RTC cost
+        self.rtc_last: tuple[int, int] = (0, 0)          # (d, s) of the last RTC request
+        self.rtc_guided = 0                              # chunks the engine reports as guided
         self.memory = MemoryLog(s.memory_db, self.report)
         self.requests = RequestTracker(outputs, self.report, clock_ns, memory=self.memory,
                                        frame_info=self._frame_info, default_memory_prompt=s.memory_prompt)
@@ -154,6 +185,10 @@ class Pipeline:
         state = None if inp.joint is None else inp.joint.position
         if state is None:
             self.report.count("state_missing")
+            if self.space.has_delta:
+                self.report.event("cycle_skipped_no_state", "delta_action_mask is set but no joint state was "
+                                  "received: delta actions cannot be made absolute; cycle skipped")
+                return "stale"
         if self._memory_every.due(now):
             self.submit("memory", s.memory_prompt)
         if inp.instruction and self._subtask_every.due(now):
@@ -163,14 +198,55 @@ class Pipeline:
         if self._inject and self._inject[0] == "cycle_exception":
             self._inject.popleft()
             raise RuntimeError("injected fault (debug_fault_injection)")
+        self._cycle_state = None if state is None else np.array(state, dtype=np.float32)
+        kw = {}
+        self._cycle_t0_ns = self.clock_ns()
+        self._cycle_snap = None
+        if s.chunking == "rtc":
+            kw["rtc"] = self._rtc_request(self._cycle_t0_ns, self._cycle_state)
         t0 = time.perf_counter()
-        stats = self.engine.cycle(obs)
+        stats = self.engine.cycle(obs, **kw)
         self.cycles += 1
         self.cycle_meter.tick()
         self.cycle_ms.append((time.perf_counter() - t0) * 1e3)
         if isinstance(stats, dict) and stats.get("deadline_missed"):
             self.deadline_misses += 1
         return "ran"
+
+    # ---------------------------------------------------------------------------------------------- RTC
+    def rtc_delay_steps(self) -> int:
+        """d: ``rtc_delay_steps``, or the p90 of the recent engine-call -> chunk-ready latencies in control steps
+        (rounded up; 0 before any chunk), at most H."""
+        if self.settings.rtc_delay_steps > 0:
+            return min(int(self.settings.rtc_delay_steps), self.horizon)
+        if not self.chunk_delay_s:
+            return 0
+        p90 = float(np.percentile(np.asarray(self.chunk_delay_s), 90))
+        return min(self.horizon, max(0, math.ceil(p90 / self.step_dt - 1e-9)))
+
+    def rtc_execution_horizon(self, d: int) -> int:
+        """s: ``rtc_execution_horizon``, or the p50 interval between chunks in control steps (rounded up); in
+        [max(d, 1), H]."""
+        s = int(self.settings.rtc_execution_horizon)
+        if s <= 0:
+            s = (math.ceil(float(np.percentile(np.asarray(self.chunk_interval_s), 50)) / self.step_dt - 1e-9)
+                 if self.chunk_interval_s else self.horizon)
+        return int(min(self.horizon, max(s, d, 1)))
+
+    def _rtc_request(self, now_ns: int, state) -> RTCRequest:
+        """The rows the robot executes from ``now_ns`` on (the new chunk's time origin), in the engine's output space
+        relative to ``state`` (this cycle's observation), with d and s."""
+        snap = self.buffer.snapshot(now_ns / 1e9)
+        d = self.rtc_delay_steps()
+        ex = self.rtc_execution_horizon(d)
+        beta = float(self.settings.rtc_max_guidance_weight)
+        if snap is None or (self.space.has_delta and state is None):
+            self.rtc_last = (d, ex)
+            return RTCRequest(np.zeros((0, self.action_dims), np.float32), d, ex, beta)
+        self._cycle_snap = snap
+        prev = self.space.to_delta(snap.rows[:self.horizon], state)
+        self.rtc_last = (d, ex)
+        return RTCRequest(np.ascontiguousarray(prev, dtype=np.float32), d, ex, beta)
 
     def _slot_image(self, slot: int, fr):
         """The model-ready RGB image (resized with pad) of one camera's frame, or None (counted, logged per slot)
@@ -266,15 +342,41 @@ class Pipeline:
             self.report.event("chunk_invalid", f"engine returned an invalid chunk (shape {actions.shape}, finite "
                                                f"{bool(np.all(np.isfinite(actions)))}); dropped", level="error")
             return
+        try:
+            actions = self.space.to_absolute(actions, self._cycle_state)
+        except ValueError as exc:
+            self.report.event("chunk_invalid", f"action chunk dropped: {exc}", level="error")
+            return
+        actions, clipped = self.space.clip(actions)
+        if clipped:
+            self.report.count("actions_clipped_rows", clipped)
+            self.report.log("actions_clipped", f"{clipped} of {len(actions)} action rows clipped to "
+                                               "action_limits_min/max", period_s=10.0)
         with self._lock:
             self._frames[res.frame_index] = (cap_ns, frame_id)
             while len(self._frames) > 4096:
                 self._frames.popitem(last=False)
-        self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index, capture_time=cap_ns / 1e9,
-                         ready_time=now_ns / 1e9, latency_ms=res.latency_ms, capture_ns=cap_ns, frame_id=frame_id)
+        snap, self._cycle_snap = self._cycle_snap, None
+        info = self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index,
+                                capture_time=cap_ns / 1e9, ready_time=now_ns / 1e9, latency_ms=res.latency_ms,
+                                capture_ns=cap_ns, frame_id=frame_id,
+                                rtc_origin=None if snap is None else snap.origin)
+        if info.step_limited_rows:
+            self.report.count("actions_step_limited_rows", info.step_limited_rows)
+            self.report.log("actions_step_limited", f"{info.step_limited_rows} action rows limited by "
+                                                    "action_max_step_change", period_s=10.0)
+        if self._cycle_t0_ns:
+            self.chunk_delay_s.append(max(0.0, (now_ns - self._cycle_t0_ns) / 1e9))
+        if self.last_chunk_ns is not None:
+            self.chunk_interval_s.append(max(0.0, (now_ns - self.last_chunk_ns) / 1e9))
+        if getattr(res, "guided", False):
+            self.rtc_guided += 1
+        if getattr(res, "rtc_ms", 0.0):
+            self.rtc_ms.append(float(res.rtc_ms))
         self.chunk_meter.tick()
         self.last_chunk_ns = now_ns
-        self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id))
+        self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id,
+                                self.buffer.view(now_ns / 1e9)))
 
     def _on_token(self, ev) -> None:
         self.token_meter.tick()

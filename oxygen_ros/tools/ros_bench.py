@@ -8,16 +8,55 @@ the node's own tick jitter from ``start_time``), and the
 camera-to-chunk latency (first arrival of each new chunk minus the capture stamp of the frame it was computed from,
 i.e. DDS in + queueing + inference + DDS out).  Both ends share this machine's clock.  Prints a table and writes
 JSON (``--out``, default ``out/ros_bench.json``).  Bounds are not asserted here; tests only check >= 80% of the rate.
+
+Smoothness (every run): the executed stream is row 0 of each ``action_chunk`` message (what the robot is commanded
+at that tick); ``smoothness`` splits the change between consecutive ticks (L2 norm over the action columns; pairs
+further apart than 1.5 periods are left out) into *switch* steps (the chunk id changed) and *inside* steps (same
+chunk), with p50/p95/max of each and the ratios switch/inside.  ``--chunking none,blend,rtc`` runs one node per mode
+in one command (``--blend-steps`` for blend) and prints the comparison table, with each mode's inference latency and,
+for rtc, the engine's RTC time per chunk from ``/diagnostics`` (``rtc_ms_p50``) — the extra inference time RTC costs.
+An rtc run needs an engine whose ``cycle`` takes ``rtc``; without one it is reported as unavailable, not run.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
+
+
+def smoothness(stream, period_s: float) -> dict:
+    """``stream``: (tick time ns, chunk_id, row 0 [A]) in tick order -> step sizes at chunk switches vs inside
+    chunks (p50 / p95 / max / n) and the ratios switch / inside (p50, p95)."""
+    sw, inside = [], []
+    for (t0, c0, a0), (t1, c1, a1) in zip(stream, stream[1:]):
+        if not 0 < (t1 - t0) <= 1.5 * period_s * 1e9:
+            continue                                  # a missed tick (or a restart) is not one step
+        d = float(np.linalg.norm(np.asarray(a1, np.float64) - np.asarray(a0, np.float64)))
+        (sw if c1 != c0 else inside).append(d)
+
+    def st(x):
+        x = np.asarray(x, dtype=np.float64)
+        if not x.size:
+            return {"n": 0}
+        return {"n": int(x.size), "p50": float(np.percentile(x, 50)), "p95": float(np.percentile(x, 95)),
+                "max": float(x.max())}
+
+    out = {"switch": st(sw), "inside": st(inside)}
+    for k in ("p50", "p95"):
+        a, b = out["switch"].get(k), out["inside"].get(k)
+        out[f"ratio_{k}"] = (a / b) if a is not None and b else None
+    return out
+
+
+def _engine_has_rtc() -> bool:
+    from oxygen_ros.engine.engine import Engine  # noqa: PLC0415
+
+    return "rtc" in inspect.signature(Engine.cycle).parameters
 
 
 def main(argv=None) -> int:
@@ -34,23 +73,56 @@ def main(argv=None) -> int:
     p.add_argument("--height", type=int, default=240)
     p.add_argument("--fps", type=float, default=15.0)
     p.add_argument("--params-file", default="")
+    p.add_argument("--chunking", default="", help="comma-separated chunking modes, one node run each (e.g. "
+                                                     "none,blend,rtc); default: the params file's")
+    p.add_argument("--blend-steps", type=int, default=5, help="blend_steps of a --chunking blend run")
     p.add_argument("--out", default="out/ros_bench.json")
     a = p.parse_args(argv)
 
-    from oxygen_ros.ros.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
-    from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
+    from oxygen_ros.ros.harness import isolate_dds  # noqa: PLC0415
+    from oxygen_ros.tools.bags import make_bag  # noqa: PLC0415
 
     isolate_dds()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     bag = Path(a.bag) if a.bag else make_bag(out.parent / "ros_bench_bag", duration=8.0, fps=a.fps, width=a.width,
                                              height=a.height, overwrite=True)
+    modes = [m.strip() for m in a.chunking.split(",") if m.strip()] or [""]
+    bad = [m for m in modes if m not in ("", "none", "blend", "rtc")]
+    if bad:
+        p.error(f"--chunking: unknown mode(s) {bad}")
+    runs, rc_all = {}, 0
+    for mode in modes:
+        if mode == "rtc" and not _engine_has_rtc():
+            print("chunking rtc: this engine's cycle() takes no rtc argument (RTC not built in): not run")
+            runs[mode] = {"unavailable": "Engine.cycle has no rtc argument"}
+            continue
+        res, rc = _run(a, bag, out.parent, mode)
+        runs[mode or "default"] = res
+        rc_all = rc_all or rc
+    if len(runs) == 1 and "default" in runs:
+        res = runs["default"]
+    else:
+        res = {"runs": runs}
+        _print_smoothness(runs)
+    out.write_text(json.dumps(res, indent=2, default=float))
+    print(f"\nwrote {out}")
+    return rc_all
+
+
+def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
+    """One node run (``mode``: a chunking mode, or "" = the params file's): measurements + smoothness."""
+    from oxygen_ros.ros.harness import Monitor, NodeProcess, stats_ms  # noqa: PLC0415
+    from oxygen_ros.tools.bags import BagReplayer  # noqa: PLC0415
+
     params = {"control_rate_hz": a.control_rate, "memory_db": "", "memory_interval_s": 0.0, "device": a.device}
+    if mode:
+        params.update(chunking=mode, blend_steps=a.blend_steps if mode == "blend" else 0)
     if a.checkpoint:
         params["checkpoint"] = a.checkpoint
     else:
         params.update(preset=a.preset, horizon=a.horizon)
-    node = NodeProcess(out.parent / "ros_bench_node.log", params, a.params_file or None)
+    node = NodeProcess(out_dir / f"ros_bench_node{'_' + mode if mode else ''}.log", params, a.params_file or None)
 
     import rclpy  # noqa: PLC0415
 
@@ -72,15 +144,16 @@ def main(argv=None) -> int:
         node.stop()
         mon.close()
         rclpy.try_shutdown()
-        return 1
-    print(f"node ready after {time.monotonic() - t0:.1f} s; warm-up {a.warmup:.0f} s, measuring {a.duration:.0f} s ...",
-          flush=True)
+        return {"error": "no action chunks"}, 1
+    print(f"{'chunking ' + mode + ': ' if mode else ''}node ready after {time.monotonic() - t0:.1f} s; warm-up "
+          f"{a.warmup:.0f} s, measuring {a.duration:.0f} s ...", flush=True)
     time.sleep(a.warmup)
     t_start = time.monotonic()
     time.sleep(a.duration)
     t_end = time.monotonic()
     diag = dict(mon.diag)
     frame_wait = mon.diag_value("frame_age_at_cycle_ms_p50")
+    rtc_ms = mon.diag_value("rtc_ms_p50")
     rep.stop()
     rc, _ = node.stop()
     mon.close()
@@ -101,10 +174,12 @@ def main(argv=None) -> int:
     for c in first.values():
         tp = published.get(c[2])
         lat.append((c[0] - tp) * 1e3 if tp is not None else (c[1] - c[2]) / 1e6)
+    stream = sorted(((c[7], c[3], c[8]) for c in chunks), key=lambda x: x[0])
     res = {
         "host": platform.node(), "python": platform.python_version(),
         "model": f"checkpoint {a.checkpoint}" if a.checkpoint else f"random {a.preset} (H={a.horizon})",
         "frames": f"3 cameras {a.width}x{a.height} @ {a.fps:g} Hz", "duration_s": t_end - t_start,
+        "chunking": mode or "(params file)", "blend_steps": params.get("blend_steps"),
         "control_rate_target_hz": a.control_rate,
         "control_rate_hz": len(chunks) / (t_end - t_start),
         "interarrival_ms": stats_ms(gaps),
@@ -115,10 +190,12 @@ def main(argv=None) -> int:
         "camera_to_chunk_ms": stats_ms(lat),
         "inference_latency_ms": stats_ms(c[5] for c in first.values()),
         "frame_age_at_cycle_start_ms_p50": frame_wait,
+        "smoothness": smoothness(stream, period_ms / 1e3),
+        "rtc_ms_p50": None if rtc_ms is None else float(rtc_ms),
         "node_exit_code": rc,
         "diagnostics": {k: {"level": v[0], "message": v[1]} for k, v in diag.items()},
     }
-    out.write_text(json.dumps(res, indent=2, default=float))
+    sm = res["smoothness"]
     rows = [
         ("action_chunk rate", f"{res['control_rate_hz']:.1f} Hz", f"target {a.control_rate:g} Hz"),
         ("inter-arrival p50 / p99 / max", _ms(res["interarrival_ms"], ("p50", "p99", "max")),
@@ -131,14 +208,46 @@ def main(argv=None) -> int:
         ("inference latency p50 / p99", _ms(res["inference_latency_ms"], ("p50", "p99")), "engine, in node"),
         ("frame age at cycle start p50", "-" if frame_wait is None else f"{float(frame_wait):.1f} ms",
          "waiting for the running cycle (node diagnostics)"),
+        ("step at switch p50 / p95", _num(sm["switch"], ("p50", "p95")), "executed stream (row 0 per tick)"),
+        ("step inside chunk p50 / p95", _num(sm["inside"], ("p50", "p95")),
+         "switch/inside p50 " + ("-" if sm["ratio_p50"] is None else f"{sm['ratio_p50']:.1f}x")),
     ]
-    print(f"\noxygen ros-bench: {res['model']}, {res['frames']}, {res['duration_s']:.1f} s measured")
+    print(f"\noxygen ros-bench: {res['model']}, {res['frames']}, {res['duration_s']:.1f} s measured"
+          + (f", chunking {mode}" if mode else ""))
     print(f"{'metric':32s} {'value':>24s}   note")
     print("-" * 80)
     for name, val, note in rows:
         print(f"{name:32s} {val:>24s}   {note}")
-    print(f"\nwrote {out}")
-    return 0
+    return res, rc
+
+
+def _num(s: dict, keys) -> str:
+    if not s.get("n"):
+        return "-"
+    return " / ".join(f"{s[k]:.3g}" for k in keys)
+
+
+def _print_smoothness(runs: dict) -> None:
+    print("\nsmoothness of the executed stream (L2 step between consecutive ticks, robot units)")
+    print(f"{'chunking':10s} {'switch p50':>11s} {'p95':>9s} {'max':>9s} {'inside p50':>11s} {'p95':>9s} "
+          f"{'max':>9s} {'ratio p50':>10s} {'ratio p95':>10s} {'infer p50 ms':>13s} {'rtc ms':>8s}")
+    for mode, r in runs.items():
+        if "smoothness" not in r:
+            print(f"{mode:10s} {r.get('unavailable') or r.get('error')}")
+            continue
+        sm, sw, ins = r["smoothness"], r["smoothness"]["switch"], r["smoothness"]["inside"]
+
+        def f(d, k):
+            return f"{d[k]:.3g}" if d.get("n") else "-"
+
+        def rt(x):
+            return "-" if x is None else f"{x:.2f}"
+        inf = r["inference_latency_ms"]
+        inf_p50 = f"{inf['p50']:.1f}" if inf.get("n") else "-"
+        rtc = "-" if r.get("rtc_ms_p50") is None else f"{r['rtc_ms_p50']:.1f}"
+        print(f"{mode:10s} {f(sw, 'p50'):>11s} {f(sw, 'p95'):>9s} {f(sw, 'max'):>9s} {f(ins, 'p50'):>11s} "
+              f"{f(ins, 'p95'):>9s} {f(ins, 'max'):>9s} {rt(sm['ratio_p50']):>10s} {rt(sm['ratio_p95']):>10s} "
+              f"{inf_p50:>13s} {rtc:>8s}")
 
 
 def _ms(s: dict, keys) -> str:
