@@ -110,17 +110,6 @@ class RequestResult:
     model_prompt: str = ""       # the request text the model read (memory context included); "" if never encoded
 
 
-@dataclass
-class RTCRequest:
-    """Real-time chunking input for one cycle, in the published (un-normalised, robot_dim) action space, BEFORE any
-    delta->absolute conversion (i.e. the same space as ActionResult.actions)."""
-    prev_actions: np.ndarray      # [n, robot_dim] float32: what the robot will execute from the new chunk's row 0 on
-                                  # (row i = the old plan for new row i); n may be < H (rest unguided) or 0 (= no RTC)
-    delay_steps: int              # d: rows [0, d) are frozen to prev_actions (executed while inferring)
-    execution_horizon: int        # s: rows the robot executes of each chunk before switching (soft-mask end)
-    max_guidance_weight: float = 10.0   # beta
-
-
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 
