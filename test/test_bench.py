@@ -59,3 +59,47 @@ def test_bench_adaptive_poisson_mixed(tmp_path):
     # misses are counted over exactly the 4 timed frames (warm-up reset, drain not counted), against a real deadline
     assert m["budget_cycles"] == m["frames"] == 4 and 0 <= m["deadline_misses"] <= 4 and m["target_period_s"] > 0
     assert os.path.exists(os.path.join(tmp_path, "results.png"))
+
+
+_BLOCK_ROS = ("import sys, runpy\n"
+              "for m in ('rclpy', 'oxygen_ros.msg', 'oxygen_ros.srv', 'oxygen_ros.action', 'sensor_msgs', 'std_msgs'):\n"
+              "    sys.modules[m] = None          # importing any of them now raises ImportError\n"
+              "sys.argv = ['oxygen_ros.tools.bench'] + sys.argv[1:]\n"
+              "runpy.run_module('oxygen_ros.tools.bench', run_name='__main__')\n")
+
+
+def test_gpu_script_runs_end_to_end_on_cpu_without_ros(tmp_path):
+    """bench/gpu.sh --device cpu --preset tiny: the GPU benchmark's exact code path (eager vs compiled for every mode,
+    the k/N subset, op counts, bf16 check) on a CPU, with rclpy and the generated messages made unimportable (the
+    core runs on a GPU machine that has torch but no ROS).  Behaviour only: the compiled run agrees with eager."""
+    import subprocess
+    import sys
+    shim = tmp_path / "python-noros"
+    shim.write_text(f"#!/bin/sh\nif [ \"$1\" = -m ]; then shift 2; exec {sys.executable} -c \"$BLOCK\" \"$@\"; fi\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    shim.chmod(0o755)
+    out = tmp_path / "gpu"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHON=str(shim), BLOCK=_BLOCK_ROS)
+    r = subprocess.run(["bash", "bench/gpu.sh", "--device", "cpu", "--preset", "tiny", "--frames", "3",
+                        "--sweep-frames", "3", "--out", str(out), "--warmup", "1", "--reps", "1", "--threads", "1",
+                        "--no-shared-nk"], cwd=repo, env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "[gpu.sh] done" in r.stdout
+    with open(out / "results.json") as f:
+        j = json.load(f)
+    assert j["compile"]["compile"] == "inductor" and j["compile"]["compile_error"] == ""
+    assert j["compile"]["compile_graphs"] >= 4 and j["compile"]["graphs"]
+    assert {"isolated", "shared", "oxygen", "isolated+inductor", "shared+inductor", "oxygen+inductor"} <= \
+        set(j["modes"])
+    for mode in ("isolated+inductor", "shared+inductor", "oxygen+inductor"):
+        eq = j["equivalence"][mode]
+        assert eq["actions_max_rel_diff"] <= 1e-5 and eq["requests_same_tokens"] == eq["requests"] > 0
+        assert j["modes"][mode]["compile_eager_calls"] == 0          # every call of the run hit a warmed graph
+    ops = j["op_counts"]
+    assert ops["compiled"]["denoise_step"]["ops"] < ops["eager"]["denoise_step"]["ops"]
+    for key in ("compiled_denoise_step_speedup", "compiled_oxygen_frame_speedup", "compiled_oxygen_vs_isolated_hz"):
+        assert j["summary"][key] > 0
+    assert j["component_costs_compiled"]["denoise_step_ms"] > 0
+    assert j["bf16_vs_fp32"]["max_abs_diff"] > 0                 # bf16 really ran, and differs a little
+    assert len(j["sweep"]) == 4 and j["args"]["compile"] == "inductor" and j["args"]["dtype"] == "float32"

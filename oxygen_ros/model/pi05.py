@@ -720,11 +720,20 @@ class Pi05Model(nn.Module):
 
 def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,
                 seed: int = 0) -> Pi05Model:
-    """A randomly initialised model (deterministic for a seed) in eval mode.  ``dtype`` overrides cfg.dtype."""
+    """A randomly initialised model (deterministic for a seed and device) in eval mode.  ``dtype`` overrides
+    cfg.dtype.  On an accelerator the weights are created there, directly in the compute dtype (a 3B-parameter pi05
+    is neither built in fp32 nor on the CPU first); the fp32 parameters of the dtype plan are then upcast."""
     if dtype is not None:
         cfg = cfg.replace(dtype=str(dtype))          # "bfloat16" | "bf16" | torch.bfloat16 ...
-    with torch.device("cpu"):
-        torch.manual_seed(seed)
-        model = Pi05Model(cfg)
+    dev = torch.device(device)
+    default = torch.get_default_dtype()
+    try:
+        with torch.device(dev):
+            torch.manual_seed(seed)
+            if dev.type != "cpu":
+                torch.set_default_dtype(cfg.torch_dtype)
+            model = Pi05Model(cfg)
+    finally:
+        torch.set_default_dtype(default)
     model.requires_grad_(False)
-    return model.to(device).eval()
+    return model.to(dev).eval()

@@ -101,8 +101,13 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
         memory_prompt=s.memory_prompt,
         # memory requests are scheduled by the pipeline on the node's clock (sim time, bag time), not here
         memory_interval_s=None,
+        compile=s.compile,
     )
     engine = Engine(model, processor, ec, on_actions=on_actions, on_token=on_token, on_finished=on_finished)
     info += f"; engine {ec.mode}, k={ec.decode_k}, KV {engine.pool.capacity_bytes / 2**20:.1f} MiB"
+    if s.compile != "none":                 # graphs are built here (configure), never in a control cycle
+        cs = engine.warmup()
+        info += f"; compile {cs['compile']} ({cs['compile_graphs']} graphs in {cs['compile_s']:.1f} s"
+        info += f", FELL BACK TO EAGER: {cs['compile_error']})" if cs["compile_error"] else ")"
     return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim, cfg.image_size,
                        ec.max_batch)

@@ -41,6 +41,9 @@ PARAMETERS: dict[str, tuple] = {
     "denoise_steps": (INT, 0, "Flow-matching Euler steps; 0 = the model's.", (0, 100)),
     "seed": (INT, 0, "Seed for random weights and action noise.", (0, 2**31 - 1)),
     "engine_mode": (STRING, "oxygen", "Engine scheduling mode.", ("oxygen", "shared", "isolated")),
+    "compile": (STRING, "none", "Hot path execution: none (eager), inductor (torch.compile, CPU/GPU), cudagraphs "
+                                "(GPU: CUDA graphs per shape bucket). Graphs are built at configure; a compile "
+                                "failure falls back to eager with a warning.", ("none", "inductor", "cudagraphs")),
     "decode_k": (INT, 5, "Language tokens per request per cycle (oxygen mode).", (1, 256)),
     "adaptive_k": (BOOL, False, "Deadline-aware k from the frame period (needs frame_rate_hz > 0).", None),
     "max_new_tokens": (INT, 32, "Max generated tokens per language request.", (1, 4096)),

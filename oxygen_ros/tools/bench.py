@@ -377,7 +377,8 @@ def op_counts(fn, device) -> dict:
 
 
 @torch.no_grad()
-def step_op_counts(model, processor, obs, S: int, batch: int) -> dict:
+def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Optional[int] = None,
+                   block_size: int = 16) -> dict:
     """op_counts of one denoise step (one S-step sample_actions / S) and of one decode step at ``batch`` rows."""
     dev = next(model.parameters()).device
     cfg = model.cfg
@@ -386,8 +387,8 @@ def step_op_counts(model, processor, obs, S: int, batch: int) -> dict:
     pre = model.prefill(*args, want_logits=True)
     noise = torch.zeros((1, cfg.action_horizon, cfg.action_dim), device=dev)
     den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
-    pool = KVPool.from_config(cfg, num_blocks=pool_blocks(cfg, 16) + batch * 4 + 4, block_size=16,
-                              dtype=model.dtype, device=dev)
+    pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
+                              block_size=block_size, dtype=model.dtype, device=dev)   # the run's pool: graphs reused
     kv = KVCacheManager(pool, max_batch=batch)
     fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
     rows = [kv.admit(LanguageRequest("subtask", "", 8), fp, shared_len=fp.length, first_token=5, max_new_tokens=8,
@@ -703,8 +704,8 @@ def main(argv=None) -> dict:
     costs_c_before = measure_components(cm, processor, frames[0], a.N, a.S, max_b, **mc) if compiled else None
     if compiled and not a.no_ops:
         bo = 6 if 6 in max_b else max(max_b)
-        ops = {"eager": step_op_counts(model, processor, frames[0], a.S, bo),
-               "compiled": step_op_counts(cm, processor, frames[0], a.S, bo)}
+        ops = {"eager": step_op_counts(model, processor, frames[0], a.S, bo, shapes["kv_num_blocks"], a.block_size),
+               "compiled": step_op_counts(cm, processor, frames[0], a.S, bo, shapes["kv_num_blocks"], a.block_size)}
     ideal_k = k_num
     ide = ideal(costs, a.N, ideal_k)
     print(f"[bench] components ({time.perf_counter() - t:.1f}s): prefill {costs['prefill_s'] * 1e3:.1f} ms, "
