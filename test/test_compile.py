@@ -183,3 +183,12 @@ def test_cudagraphs_on_cpu_uses_inductor():
     assert cm.mode == "inductor" and cm.requested == "cudagraphs"
     with pytest.raises(ValueError):
         EngineConfig(compile="tensorrt")
+
+
+def test_node_parameter_compile_is_validated():
+    from oxygen_ros.ros.parameters import PARAMETERS, ConfigureError, Settings
+    assert Settings.from_values({}).compile == "none"                 # eager stays the default (see README)
+    assert Settings.from_values({"compile": "inductor"}).compile == "inductor"
+    assert PARAMETERS["compile"][3] == ("none", "inductor", "cudagraphs")
+    with pytest.raises(ConfigureError, match="compile"):
+        Settings.from_values({"compile": "tensorrt"})
