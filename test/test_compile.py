@@ -16,7 +16,7 @@ import torch
 from oxygen_ros.engine.engine import Engine, EngineConfig
 from oxygen_ros.kv.pool import KVPool
 from oxygen_ros.model import Processor, build_model, load_tokenizer
-from oxygen_ros.model.compiled import CompiledModel, batch_buckets, compile_model
+from oxygen_ros.model.compiled import CompiledModel, batch_buckets
 from oxygen_ros.model.pi05 import DecodeBatch, SamplingParams
 from test_engine import SCHEDULE, Run, _assert_same, frames, noises, small_cfg
 
@@ -29,14 +29,14 @@ SAMPLED = SamplingParams(temperature=20.0, seed=11)
 SCHED = {**SCHEDULE, 3: [("memory", "a blue box", 6)]}     # up to 3 and 4 rows in flight at once
 
 
-def _warmed(model, sampled=False):
-    """The session's compiled wrapper for ``model`` (built once: compile_model caches it on the model)."""
-    cm = compile_model(model, "inductor", max_batch=MAX_BATCH, prompt_len=model.cfg.max_token_len,
-                       max_new_tokens=30, denoise_steps=model.cfg.num_denoise_steps,
-                       batch_sizes=(1, 2, 4, 8, 16), sampled_decode=sampled)
-    pool = KVPool.from_config(model.cfg, num_blocks=NUM_BLOCKS, block_size=BLOCK, dtype=model.dtype)
-    cm.warmup(pool)
-    assert cm.report.error == "" and cm.mode == "inductor"
+def _warmed(model, proc, sampled=False):
+    """The session's compiled wrapper for ``model``, built the way an engine builds it (compile_model caches it on the
+    model, so every engine below with the same shapes gets this one) and warmed once."""
+    eng = Engine(model, proc, EngineConfig(compile="inductor", max_batch=MAX_BATCH, kv_block_size=BLOCK,
+                                           kv_num_blocks=NUM_BLOCKS, sampling=SAMPLED if sampled else None))
+    st = eng.warmup()
+    cm = eng.model
+    assert isinstance(cm, CompiledModel) and st["compile_error"] == "" and cm.mode == "inductor"
     return cm
 
 
@@ -44,14 +44,16 @@ def _warmed(model, sampled=False):
 def iso():
     cfg = small_cfg()
     model = build_model(cfg, seed=0)
-    return model, Processor(cfg, load_tokenizer(cfg)), _warmed(model, sampled=True)
+    proc = Processor(cfg, load_tokenizer(cfg))
+    return model, proc, _warmed(model, proc, sampled=True)
 
 
 @pytest.fixture(scope="session")
 def upstream():
     cfg = small_cfg(prefix_attention="upstream")
     model = build_model(cfg, seed=1)
-    return model, Processor(cfg, load_tokenizer(cfg)), _warmed(model)
+    proc = Processor(cfg, load_tokenizer(cfg))
+    return model, proc, _warmed(model, proc)
 
 
 def _runs(model, proc, cm, mode, sampling=None, n=6):
@@ -144,8 +146,7 @@ def test_engine_compile_setting_and_fallback(iso):
     model, proc, cm = iso
     cfg = model.cfg
     eng = Engine(model, proc, EngineConfig(compile="inductor", max_batch=MAX_BATCH, kv_block_size=BLOCK,
-                                           kv_num_blocks=NUM_BLOCKS, max_new_tokens=30,
-                                           sampling=SAMPLED))
+                                           kv_num_blocks=NUM_BLOCKS, sampling=SAMPLED))
     assert eng.model is cm
     st = eng.warmup()
     assert st["compile"] == "inductor" and st["compile_graphs"] == len(cm._graphs) and st["compile_error"] == ""

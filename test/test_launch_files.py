@@ -164,7 +164,8 @@ def test_config_yaml_matches_declared_parameters():
     assert set(params) == set(PARAMETERS), (set(params) ^ set(PARAMETERS))
     types_ = {ParameterType.PARAMETER_BOOL: bool, ParameterType.PARAMETER_INTEGER: int,
               ParameterType.PARAMETER_DOUBLE: float, ParameterType.PARAMETER_STRING: str,
-              ParameterType.PARAMETER_STRING_ARRAY: list}
+              ParameterType.PARAMETER_STRING_ARRAY: list, ParameterType.PARAMETER_INTEGER_ARRAY: list,
+              ParameterType.PARAMETER_DOUBLE_ARRAY: list}
     for name, value in params.items():
         typ, default, _desc, rng = PARAMETERS[name][:4]
         assert isinstance(value, types_[typ]) and not (typ == ParameterType.PARAMETER_INTEGER
