@@ -110,6 +110,7 @@ class CompiledModel:
         self.max_context = int(max_context or (cfg.num_image_tokens + max(self.prompt_lens) + max_new_tokens))
         self.sampled_decode = sampled_decode
         self._graphs: dict = {}                 # key -> compiled callable (present = warmed)
+        self._pools: set = set()                # pools the decode graphs were warmed for (see _pool_key)
         self.eager_calls: dict[str, int] = {}
         self.report = CompileReport(self.mode, self.requested)
 
@@ -122,7 +123,7 @@ class CompiledModel:
             return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
         return torch.compile(fn, fullgraph=True, dynamic=False)
 
-    def _graph_fns(self, pool):
+    def _graph_fns(self):
         m = self.model
         return {
             "prefill": lambda *a: m.prefill(*a, want_logits=True),
@@ -135,8 +136,10 @@ class CompiledModel:
     def warmup(self, pool=None) -> CompileReport:
         """Compile (and capture) every graph this configuration can use, by running each once (three times for
         cudagraphs) on dummy inputs; ``pool`` = the engine's KVPool (decode graphs read and write it; warm-up writes
-        only slot 0, which must be free).  Idempotent.  On any failure: warns, and every primitive runs eagerly."""
-        if self.mode == "none" or self._graphs:
+        only slot 0, which must be free).  Idempotent per pool.  With cudagraphs a graph holds the pool's addresses,
+        so each new pool gets its own decode graphs (its tensors are marked static); with inductor one set serves
+        every pool of the same shape.  On any failure: warns, and every primitive runs eagerly."""
+        if self.mode == "none" or (self._graphs and (pool is None or self._pool_key(pool) in self._pools)):
             return self.report
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
         if hasattr(torch._dynamo.config, "recompile_limit"):
@@ -144,14 +147,20 @@ class CompiledModel:
         t0 = time.perf_counter()
         try:
             with torch.no_grad():
-                self._warm_all(pool)
+                if not self._graphs:
+                    self._warm_all()
+                if pool is not None:
+                    self._warm_decode(pool)
         except Exception as e:                              # noqa: BLE001 - any compiler failure: run eagerly
             self._graphs.clear()
             self.report.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
             warnings.warn(f"compile={self.requested!r} failed, running eagerly: {self.report.error}")
             self.mode = self.report.mode = "none"
-        self.report.compile_s = time.perf_counter() - t0
+        self.report.compile_s += time.perf_counter() - t0
         return self.report
+
+    def _pool_key(self, pool):
+        return pool.k[0].data_ptr() if self.mode == "cudagraphs" else "any"
 
     def _warm(self, key, fn, *args):
         g = self._compile(fn)
@@ -162,13 +171,13 @@ class CompiledModel:
             out = g(*args)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
-        self.report.graphs["/".join(map(str, key))] = round(time.perf_counter() - t, 3)
+        self.report.graphs["/".join(map(str, key[:3]))] = round(time.perf_counter() - t, 3)
         self._graphs[key] = g
         return out
 
-    def _warm_all(self, pool) -> None:
+    def _warm_all(self) -> None:
         cfg, dev = self.cfg, self.model.device
-        fns = self._graph_fns(pool)
+        fns = self._graph_fns()
         C, S = cfg.num_cameras, cfg.image_size
         images = torch.zeros(1, C, 3, S, S, device=dev)
         masks = torch.ones(1, C, dtype=torch.bool, device=dev)
@@ -193,8 +202,9 @@ class CompiledModel:
                 elif B > 1:
                     self._warm(("prefill", B, L), fns["prefill"], images.expand(B, *images.shape[1:]),
                                masks.expand(B, C), t, tm)
-        if pool is None:
-            return
+
+    def _warm_decode(self, pool) -> None:
+        dev, fns, pk = self.model.device, self._graph_fns(), self._pool_key(pool)
         if self.mode == "cudagraphs":
             for t in pool.k + pool.v:
                 torch._dynamo.mark_static_address(t)
@@ -204,11 +214,13 @@ class CompiledModel:
             rs = torch.zeros(B, T, dtype=torch.long, device=dev)
             rm = torch.zeros(B, T, dtype=torch.bool, device=dev)
             rm[:, 0] = True
-            self._warm(("decode", B, T), fns["decode"], ids, pos, ws, rs, rm, pool.k, pool.v)
+            self._warm(("decode", B, T, pk), fns["decode"], ids, pos, ws, rs, rm, pool.k, pool.v)
             if self.sampled_decode:
                 f64 = dict(dtype=torch.float64, device=dev)
                 s = SamplerInputs(torch.ones(B, **f64), torch.full((B,), 0.9, **f64), torch.full((B,), 0.5, **f64))
-                self._warm(("decode_sampled", B, T), fns["decode_sampled"], ids, pos, ws, rs, rm, pool.k, pool.v, s)
+                self._warm(("decode_sampled", B, T, pk), fns["decode_sampled"], ids, pos, ws, rs, rm, pool.k, pool.v,
+                           s)
+        self._pools.add(pk)
 
     def _own(self, x):
         """Outputs of a cudagraph are overwritten by its next replay: keep a copy of what outlives the call."""
@@ -282,7 +294,7 @@ class CompiledModel:
         B, T = batch.read_slots.shape
         Bb = _bucket(B, self.batch_sizes)
         sampler = SamplerInputs.build(batch.sampling, batch.positions)
-        key = ("decode" if sampler is None else "decode_sampled", Bb, self.max_context)
+        key = ("decode" if sampler is None else "decode_sampled", Bb, self.max_context, self._pool_key(kv))
         if self.mode == "none" or Bb is None or T > self.max_context or key not in self._graphs:
             self._eager("decode") if self.mode != "none" else None
             return self.model.decode(batch, kv)

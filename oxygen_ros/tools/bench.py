@@ -41,7 +41,7 @@ from ..engine.requests import LanguageRequest
 from ..kv.cache import KVCacheManager
 from ..kv.pool import KVPool
 from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer
-from ..model.compiled import compile_model
+from ..model.compiled import CompiledModel
 from ..model.pi05 import DecodeBatch
 
 PROMPT = "pick up the red block"
@@ -127,6 +127,8 @@ def measure_components(model, processor, obs: Observation, N: int, S: int, batch
     if num_blocks is not None and num_blocks < need:
         raise ValueError(f"measure_components needs {need} KV blocks, got {num_blocks}")
     pool = KVPool.from_config(cfg, num_blocks=num_blocks or need, block_size=block_size, dtype=model.dtype, device=dev)
+    if isinstance(model, CompiledModel):
+        model.warmup(pool)          # cudagraphs: decode graphs are per pool (a no-op for inductor's shape-keyed ones)
     kv = KVCacheManager(pool, max_batch=total)
     plans = {}
     for b in batch_sizes:
@@ -389,6 +391,8 @@ def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Option
     den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
     pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
                               block_size=block_size, dtype=model.dtype, device=dev)   # the run's pool: graphs reused
+    if isinstance(model, CompiledModel):
+        model.warmup(pool)
     kv = KVCacheManager(pool, max_batch=batch)
     fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
     rows = [kv.admit(LanguageRequest("subtask", "", 8), fp, shared_len=fp.length, first_token=5, max_new_tokens=8,
