@@ -141,14 +141,8 @@ class ChunkBuffer:
     def snapshot(self, now: float) -> RTCSnapshot | None:
         """For ``chunking="rtc"``: the rows the robot executes from ``now`` on and the next chunk's time origin, or
         None (no chunk, or its remainder is used up: the next chunk then starts without real-time chunking)."""
-        with self._lock:
-            ch = self._chunk
-            if ch is None:
-                return None
-            k = self._index_at(ch, now)
-            if k >= len(ch.actions):
-                return None
-            return RTCSnapshot(ch.origin + k * self.step_dt, ch.actions[k:].copy(), ch.chunk_id, k)
+        v = self.view(now)
+        return None if v is None else RTCSnapshot(v.first_due, v.rows, v.chunk_id, v.index)
 
     def push(self, actions, *, chunk_id: int, frame_index: int, capture_time: float, ready_time: float,
              latency_ms: float = 0.0, capture_ns: int | None = None, frame_id: str = "",

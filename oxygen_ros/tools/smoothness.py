@@ -32,9 +32,7 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import socket
-import subprocess
 import sys
 import time
 from collections import deque
@@ -49,6 +47,7 @@ from ..engine.requests import RTCRequest  # noqa: E402
 from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer  # noqa: E402
 from ..model.rtc import rtc_target, sample_actions_rtc  # noqa: E402
 from ..ros.control import ChunkBuffer  # noqa: E402
+from .bench import hardware  # noqa: E402
 
 MODES = ("none", "blend", "rtc")
 PROMPT = "pick up the red block"
@@ -195,29 +194,6 @@ def micro_bench(engine: Engine, frame, noise, execution_horizon: int, delay: int
         guided.append(timed(lambda: sample_actions_rtc(model, prefix, nz, engine.S, target, weights, beta)))
     p, g = float(np.median(plain)), float(np.median(guided))
     return {"sample_actions_ms": p, "sample_actions_rtc_ms": g, "extra_ms": g - p, "ratio": g / p, "reps": reps}
-
-
-def hardware(device) -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    hw = {"host": socket.gethostname(), "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-          "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
-    if torch.device(device).type == "cuda":
-        hw["device_name"] = torch.cuda.get_device_name(torch.device(device))
-    try:
-        hw["load_avg"] = os.getloadavg()
-    except OSError:
-        pass
-    try:
-        hw["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                          cwd=os.path.dirname(__file__), timeout=5).stdout.strip()
-    except Exception:
-        pass
-    return hw
 
 
 def _f(x, nd=3):
