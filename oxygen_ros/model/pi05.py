@@ -622,10 +622,7 @@ class Pi05Model(nn.Module):
         S = num_steps or self.cfg.num_denoise_steps
         B, H, _ = noise.shape
         prefix = prefix.expand(B)
-        positions = prefix.next_position[:, None] + torch.arange(H, device=noise.device)[None]      # [B, H]
-        mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
-                          torch.ones(B, H, H, dtype=torch.bool, device=noise.device)], dim=2)       # [B, H, P+H]
-        bias = attention_bias(mask, self.cfg.vlm.num_heads, self.cfg.num_kv_heads, self.dtype)
+        positions, bias = self.action_attention(prefix, H)
         # per-layer [prefix | suffix] K/V buffers: the prefix is copied in once per call (not per step) and only the
         # suffix part is rewritten each step; the caller's prefix tensors are never written.
         P = prefix.length
@@ -645,6 +642,17 @@ class Pi05Model(nn.Module):
             x = x + dt * v
             t += dt
         return x
+
+    def action_attention(self, prefix: Prefix, H: int) -> tuple[Tensor, Tensor]:
+        """For H action tokens on ``prefix`` (batch B): their positions [B, H] (continuing at next_position) and the
+        attention bias of ``attention_bias`` for [B, H, P+H] (the valid prefix and every action token), built once per
+        sampling call and shared by all denoise steps."""
+        B = prefix.batch_size
+        dev = prefix.mask.device
+        positions = prefix.next_position[:, None] + torch.arange(H, device=dev)[None]                # [B, H]
+        mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
+                          torch.ones(B, H, H, dtype=torch.bool, device=dev)], dim=2)                 # [B, H, P+H]
+        return positions, attention_bias(mask, self.cfg.vlm.num_heads, self.cfg.num_kv_heads, self.dtype)
 
     def velocity(self, prefix: Prefix, x_t: Tensor, t: Tensor, positions: Tensor | None = None,
                  mask: Tensor | None = None, kv_hook=None) -> Tensor:

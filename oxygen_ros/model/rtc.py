@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from .pi05 import Prefix, attention_bias
+from .pi05 import Prefix
 
 __all__ = ["prefix_weights", "guidance_weight", "guided_velocity", "guided_euler", "sample_actions_rtc", "rtc_target"]
 
@@ -110,13 +110,9 @@ def sample_actions_rtc(model, prefix, noise: Tensor, num_steps: int | None, targ
     S = num_steps or model.cfg.num_denoise_steps
     B, H, _ = noise.shape
     prefix = prefix.expand(B)
-    dev = noise.device
     ro = Prefix([k.detach() for k in prefix.k], [v.detach() for v in prefix.v], prefix.mask, prefix.positions,
-                      prefix.next_position, None)
-    positions = prefix.next_position[:, None] + torch.arange(H, device=dev)[None]                  # [B, H]
-    mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
-                      torch.ones(B, H, H, dtype=torch.bool, device=dev)], dim=2)                   # [B, H, P+H]
-    bias = attention_bias(mask, model.cfg.vlm.num_heads, model.cfg.num_kv_heads, model.dtype)
+                prefix.next_position, None)
+    positions, bias = model.action_attention(ro, H)
     return guided_euler(lambda xx, tt: model.velocity(ro, xx, tt, positions, bias), noise, S, target, weights,
                         max_guidance_weight, trace)
 

@@ -37,9 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-
-from oxygen_ros.engine.requests import RTCRequest
-
+from ..engine.requests import RTCRequest
 from . import diagnostics as diag
 from .action_space import ActionSpace, ActionSpaceError
 from .control import ChunkBuffer, ControlSample, RTCSnapshot
@@ -240,12 +238,11 @@ class Pipeline:
         d = self.rtc_delay_steps()
         ex = self.rtc_execution_horizon(d)
         beta = float(self.settings.rtc_max_guidance_weight)
+        self.rtc_last = (d, ex)
         if snap is None or (self.space.has_delta and state is None):
-            self.rtc_last = (d, ex)
             return RTCRequest(np.zeros((0, self.action_dims), np.float32), d, ex, beta)
         self._cycle_snap = snap
         prev = self.space.to_delta(snap.rows[:self.horizon], state)
-        self.rtc_last = (d, ex)
         return RTCRequest(np.ascontiguousarray(prev, dtype=np.float32), d, ex, beta)
 
     def _slot_image(self, slot: int, fr):
@@ -369,9 +366,8 @@ class Pipeline:
             self.chunk_delay_s.append(max(0.0, (now_ns - self._cycle_t0_ns) / 1e9))
         if self.last_chunk_ns is not None:
             self.chunk_interval_s.append(max(0.0, (now_ns - self.last_chunk_ns) / 1e9))
-        if getattr(res, "guided", False):
+        if res.guided:
             self.rtc_guided += 1
-        if getattr(res, "rtc_ms", 0.0):
             self.rtc_ms.append(float(res.rtc_ms))
         self.chunk_meter.tick()
         self.last_chunk_ns = now_ns
