@@ -62,7 +62,8 @@ def test_bench_adaptive_poisson_mixed(tmp_path):
 
 
 _BLOCK_ROS = ("import sys, runpy\n"
-              "for m in ('rclpy', 'oxygen_ros.msg', 'oxygen_ros.srv', 'oxygen_ros.action', 'sensor_msgs', 'std_msgs'):\n"
+              "for m in ('rclpy', 'oxygen_ros.msg', 'oxygen_ros.srv', 'oxygen_ros.action', 'sensor_msgs',\n"
+              "          'std_msgs'):\n"
               "    sys.modules[m] = None          # importing any of them now raises ImportError\n"
               "sys.argv = ['oxygen_ros.tools.bench'] + sys.argv[1:]\n"
               "runpy.run_module('oxygen_ros.tools.bench', run_name='__main__')\n")

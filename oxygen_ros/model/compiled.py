@@ -210,7 +210,8 @@ class CompiledModel:
                 torch._dynamo.mark_static_address(t)
         T = self.max_context
         for B in self.batch_sizes:
-            ids, pos, ws = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))   # distinct (aliasing is guarded)
+            # three distinct tensors: dynamo guards on aliasing, and at run time they are distinct
+            ids, pos, ws = (torch.zeros(B, dtype=torch.long, device=dev) for _ in range(3))
             rs = torch.zeros(B, T, dtype=torch.long, device=dev)
             rm = torch.zeros(B, T, dtype=torch.bool, device=dev)
             rm[:, 0] = True

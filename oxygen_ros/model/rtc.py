@@ -57,7 +57,8 @@ def prefix_weights(horizon: int, delay_steps: int, execution_horizon: int, n_tar
 
 
 def guidance_weight(t: float, max_guidance_weight: float) -> float:
-    """c(t) = min(beta, (t^2 + (1 - t)^2) / (t (1 - t))) in pi0.5 time (t = 1 noise, t = 0 data); beta at t in {0, 1}."""
+    """c(t) = min(beta, (t^2 + (1 - t)^2) / (t (1 - t))) in pi0.5 time (t = 1 noise, t = 0 data); beta at t in
+    {0, 1}."""
     beta = float(max_guidance_weight)
     if t <= 0.0 or t >= 1.0:
         return beta

@@ -21,8 +21,8 @@ from oxygen_ros.msg import ActionChunk, ConversationResponse, LanguageToken, Mem
 from .control import ChunkView, ControlSample
 from .language import MemoryOut, ResponseOut, TokenOut
 
-__all__ = ["time_msg", "duration_msg", "action_chunk", "joint_trajectory", "finite_difference_velocities", "language_token", "memory_entry", "conversation_response", "converse_result",
-           "converse_feedback"]
+__all__ = ["time_msg", "duration_msg", "action_chunk", "joint_trajectory", "finite_difference_velocities",
+           "language_token", "memory_entry", "conversation_response", "converse_result", "converse_feedback"]
 
 
 def time_msg(ns: int) -> TimeMsg:

@@ -21,8 +21,8 @@ robot executes from now on, converted back to the engine's output space relative
 passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is ``rtc_delay_steps`` or, when 0, the p90 of the recent
 snapshot -> chunk-ready latencies in control steps (rounded up), and ``s`` is ``rtc_execution_horizon`` or, when 0,
 the p50 interval between chunks in control steps; the chunk is installed on the snapshot's time origin (see
-``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as before.  A failing cycle is counted, logged and skipped; the
-pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
+``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as before.  A failing cycle is counted, logged
+and skipped; the pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
 back.  ``sample(now_ns)`` is what the control loop publishes; ``submit`` / ``cancel`` (thread-safe) serve the action
 server too.
 """
