@@ -447,7 +447,8 @@ class OxygenNode(LifecycleNode):
             "memory": pl.memory.status() if pl is not None else None,
             "engine": {k: v for k, v in em.items() if k.startswith("kv_") or k.startswith("requests_")
                        or k in ("frames", "tokens_total", "deadline_misses", "k_mean", "ttft_ms_p50",
-                                "action_latency_ms_p50", "cycle_ms_p50", "cycle_ms_p99")},
+                                "action_latency_ms_p50", "cycle_ms_p50", "cycle_ms_p99", "compile", "compile_s",
+                                "compile_eager_calls")},
         }
 
     def _publish_diagnostics(self) -> None:
