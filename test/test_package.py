@@ -126,7 +126,8 @@ def test_share_directory_holds_launch_config_and_messages(tmp_path):
     share = Path(r.stdout.strip())
     assert share == Path(sys.prefix) / "share" / "oxygen_ros"
     for rel in ("package.xml", "msg/ActionChunk.msg", "msg/LanguageToken.msg", "msg/MemoryEntry.msg",
-                "msg/ConversationResponse.msg", "srv/QueryMemory.srv", "srv/ClearMemory.srv", "action/Converse.action",
+                "msg/ConversationResponse.msg", "msg/EpisodeStatus.msg", "msg/TextTarget.msg",
+                "srv/QueryMemory.srv", "srv/ClearMemory.srv", "action/Converse.action",
                 "launch/oxygen.launch.py", "launch/replay.launch.py", "config/oxygen.yaml"):
         assert (share / rel).is_file(), f"{rel} missing from the installed share directory {share}"
     assert (share / "package.xml").read_text() == (ROOT / "package.xml").read_text()
