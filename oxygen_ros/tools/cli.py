@@ -11,6 +11,9 @@
   oxygen bag-diff A B [...]     compare two output bags (actions per joint, texts per answer); exit 1 if they differ
   oxygen ros-bench [...]        control-topic rate, jitter and camera-to-chunk latency through real DDS
   oxygen soak [...]             minutes of node + replay + questions, sampling the node's RSS (memory stays flat)
+  oxygen sim-record [...]       scripted-expert episodes in the MuJoCo simulation -> an episode bag (training data)
+  oxygen sim-eval [...]         closed-loop evaluation in the simulation over a grid (engine mode, chunking, delay,
+                                language load): success with Wilson intervals, smoothness, answer accuracy, videos
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
 run on a machine without ROS.
@@ -30,6 +33,8 @@ COMMANDS = {
     "bag-diff": ("oxygen_ros.tools.bag_diff", "main"),
     "ros-bench": ("oxygen_ros.tools.ros_bench", "main"),
     "soak": ("oxygen_ros.tools.soak", "main"),
+    "sim-record": ("oxygen_ros.tools.sim_record", "main"),
+    "sim-eval": ("oxygen_ros.tools.sim_eval", "main"),
 }
 
 
