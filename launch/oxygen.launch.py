@@ -2,7 +2,7 @@
 
 This file owns how the node is launched on a ROS 2 install.  Arguments (all optional):
   checkpoint          pi0.5 checkpoint directory ("" = the params file's value; random weights of `preset` if none)
-  preset              tiny | bench-cpu | pi05 when no checkpoint ("" = the params file's value, default tiny)
+  preset              tiny | bench-cpu | demo | pi05 when no checkpoint ("" = the params file's value, default tiny)
   device              cpu | cuda | cuda:N | auto ("" = params file)
   params_file         parameter YAML (default: <share>/oxygen_ros/config/oxygen.yaml)
   namespace           node namespace; relative topics (camera/..., action_chunk, ...) move with it
@@ -54,7 +54,7 @@ def generate_launch_description():
     default_params = PathJoinSubstitution([FindPackageShare("oxygen_ros"), "config", "oxygen.yaml"])
     args = [
         DeclareLaunchArgument("checkpoint", default_value="", description="pi0.5 checkpoint directory"),
-        DeclareLaunchArgument("preset", default_value="", description="tiny | bench-cpu | pi05 (no checkpoint)"),
+        DeclareLaunchArgument("preset", default_value="", description="tiny | bench-cpu | demo | pi05 (no checkpoint)"),
         DeclareLaunchArgument("device", default_value="", description="cpu | cuda | cuda:N | auto"),
         DeclareLaunchArgument("params_file", default_value=default_params, description="parameter YAML"),
         DeclareLaunchArgument("namespace", default_value="", description="node namespace"),

@@ -40,6 +40,7 @@ if not os.environ.get("AMENT_PREFIX_PATH"):
 _BIN = str(Path(sys.executable).parent)
 os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != _BIN])
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+os.environ.setdefault("MUJOCO_GL", "egl")          # headless rendering for the simulation (before mujoco is imported)
 os.environ.setdefault("RCUTILS_COLORIZED_OUTPUT", "0")
 
 

@@ -127,11 +127,11 @@ def test_share_directory_holds_launch_config_and_messages(tmp_path):
     assert share == Path(sys.prefix) / "share" / "oxygen_ros"
     for rel in ("package.xml", "msg/ActionChunk.msg", "msg/LanguageToken.msg", "msg/MemoryEntry.msg",
                 "msg/ConversationResponse.msg", "msg/EpisodeStatus.msg", "msg/TextTarget.msg",
-                "srv/QueryMemory.srv", "srv/ClearMemory.srv", "action/Converse.action",
+                "srv/QueryMemory.srv", "srv/ClearMemory.srv", "srv/ResetEpisode.srv", "action/Converse.action",
                 "launch/oxygen.launch.py", "launch/replay.launch.py", "config/oxygen.yaml"):
         assert (share / rel).is_file(), f"{rel} missing from the installed share directory {share}"
     assert (share / "package.xml").read_text() == (ROOT / "package.xml").read_text()
-    for exe in ("oxygen_node", "oxygen", "converse_client", "memory_query"):
+    for exe in ("oxygen_node", "sim_node", "oxygen", "converse_client", "memory_query"):
         assert os.access(Path(sys.prefix) / "lib" / "oxygen_ros" / exe, os.X_OK), f"lib/oxygen_ros/{exe}"
 
 

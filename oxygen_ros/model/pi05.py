@@ -13,9 +13,8 @@ horizon, A action dim, W width, Hq query heads, Hkv KV heads, D head dim, NL lay
 """
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -26,6 +25,7 @@ from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
 from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer, SiglipVisionEmbeddings
 
 from .config import GemmaConfig, Pi05Config
+from .sampling import SamplerInputs, SamplingParams, sample_rows, sample_tokens  # noqa: F401 - re-exported
 
 # ------------------------------------------------------------------------------------------------------------------
 # Engine-facing data types (contract: ARCHITECTURE.md "Contract: model")
@@ -76,17 +76,6 @@ class Prefix:
         ex = lambda t: t.expand(batch, *t.shape[1:])  # noqa: E731
         return Prefix([ex(k) for k in self.k], [ex(v) for v in self.v], ex(self.mask), ex(self.positions),
                       ex(self.next_position), None if self.last_logits is None else ex(self.last_logits))
-
-
-@dataclass
-class SamplingParams:
-    """temperature 0 = greedy.  Randomness (see ``decode``): with ``generator`` set, draws come from it (the caller
-    keeps one per request); else with ``seed`` set, the draw for a token is a pure function of (seed, position), so a
-    seeded request gives the same text however it is batched or chunked; else the global torch RNG."""
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -272,61 +261,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
     o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=D ** -0.5)
     return o.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * D)
-
-
-def _row_uniform(sp: SamplingParams, position: int) -> float:
-    if sp.generator is not None:
-        return torch.rand((), generator=sp.generator).item()
-    if sp.seed is not None:
-        h = hashlib.blake2b(f"{sp.seed}:{position}".encode(), digest_size=8).digest()
-        return (int.from_bytes(h, "little") >> 11) / float(1 << 53)
-    return torch.rand(()).item()
-
-
-@dataclass
-class SamplerInputs:
-    """Per-row sampling inputs as tensors, built on the host so that the decode step itself never reads the device:
-    temperature / top_p / uniform [B] float64 (temperature 0 = a greedy row)."""
-    temperature: Tensor
-    top_p: Tensor
-    uniform: Tensor
-
-    @staticmethod
-    def build(sampling: list[SamplingParams] | None, positions: Tensor) -> "SamplerInputs | None":
-        """None when every row is greedy.  positions [B]: positions of the tokens whose logits are sampled (the
-        seed rule's input; read on the host once here)."""
-        if not sampling or all(sp.temperature <= 0 for sp in sampling):
-            return None
-        if len(sampling) != positions.shape[0]:
-            raise ValueError(f"sampling has {len(sampling)} entries for {positions.shape[0]} rows")
-        pos = positions.tolist()
-        u = [_row_uniform(sp, p) if sp.temperature > 0 else 0.0 for sp, p in zip(sampling, pos)]
-        f64 = dict(dtype=torch.float64, device=positions.device)
-        return SamplerInputs(torch.tensor([max(sp.temperature, 0.0) for sp in sampling], **f64),
-                             torch.tensor([sp.top_p for sp in sampling], **f64), torch.tensor(u, **f64))
-
-
-def sample_rows(logits: Tensor, s: SamplerInputs | None) -> Tensor:
-    """logits [B, V] fp32 -> ids [B], a pure tensor function (no host reads; compiles into the decode step).
-    Greedy rows (temperature 0) by argmax; the others by temperature + top-p (nucleus): tokens sorted by
-    probability, those outside the smallest set reaching top_p dropped (top_p 1 keeps all), then the first token whose
-    cumulative probability exceeds the row's uniform draw u.  Row-wise, so batch-invariant."""
-    greedy = logits.argmax(-1)
-    if s is None:
-        return greedy
-    sampled_row = s.temperature > 0
-    temp = torch.where(sampled_row, s.temperature, 1.0)
-    probs = torch.softmax(logits.double() / temp[:, None], dim=-1)                  # [B, V]
-    probs, order = probs.sort(dim=-1, descending=True)
-    probs = probs * ((probs.cumsum(-1) - probs) < s.top_p[:, None])                # always keeps the top token
-    cdf = probs.cumsum(-1)
-    choice = torch.searchsorted(cdf, s.uniform[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)
-    return torch.where(sampled_row, order.gather(-1, choice)[:, 0], greedy)
-
-
-def sample_tokens(logits: Tensor, sampling: list[SamplingParams] | None, positions: Tensor) -> Tensor:
-    """logits [B, V] fp32 -> ids [B] for SamplingParams per row (see ``SamplerInputs`` / ``sample_rows``)."""
-    return sample_rows(logits, SamplerInputs.build(sampling, positions))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -702,28 +636,61 @@ class Pi05Model(nn.Module):
         logits = self._logits(h[:, 0])
         return sample_rows(logits, sampler), logits
 
-    # ---- joint forward (openpi-style: both towers in one pass; used for training-style velocity) -----------------
+    # ---- joint forward (openpi-style: every segment in one pass; what training runs) --------------------------------
     def forward(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor, x_t: Tensor,
                 t: Tensor) -> Tensor:
         """One joint MoT pass over [prefix | suffix] with the full block mask -> velocity [B, H, A] fp32."""
+        return self.forward_train(images, image_masks, tokens, token_masks, x_t, t)[0]
+
+    def forward_train(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor, x_t: Tensor,
+                      t: Tensor, text_tokens: Tensor | None = None, text_masks: Tensor | None = None):
+        """The training pass, with exactly the attention the engine uses at inference, in one forward over
+        [image tokens | action prompt (tokens, L) | text (text_tokens, Lt) | action tokens (x_t, H)]:
+        image and action-prompt tokens as in ``prefill`` (``prefix_attention_mask``); the action tokens see the valid
+        image and action-prompt tokens and each other (``sample_actions``); the text - a language prompt followed by
+        its answer - sees the valid image tokens and its own earlier tokens, never the action prompt, at positions
+        continuing after the image tokens (``prefill_images`` + ``extend_prefix`` + ``decode``, how the engine shares
+        one image prefix between tasks).  Nothing attends to the text.  Returns (velocity [B, H, A] fp32, text
+        logits [B, Lt, V] fp32 or None): logits at text position j predict text token j + 1."""
         image_masks, token_masks = image_masks.bool(), token_masks.bool()
         B, H, _ = x_t.shape
-        x_pre = torch.cat([self.embed_images(images, image_masks), self.embed_tokens(tokens)], dim=1)
+        dev = x_t.device
         N = self.cfg.image_tokens_per_camera
-        valid = torch.cat([image_masks.repeat_interleave(N, dim=1), token_masks], dim=1)
-        P = valid.shape[1]
+        img_valid = image_masks.repeat_interleave(N, dim=1)                                 # [B, C*N]
+        valid = torch.cat([img_valid, token_masks], dim=1)                                 # [B, Pp]
+        Pp = valid.shape[1]
+        parts = [self.embed_images(images, image_masks), self.embed_tokens(tokens)]
         pre_pos = valid.long().cumsum(dim=1) - 1
-        suf_pos = valid.sum(1, keepdim=True) + torch.arange(H, device=x_t.device)[None]
-        positions = torch.cat([pre_pos, suf_pos], dim=1)
-        mask = torch.zeros(B, P + H, P + H, dtype=torch.bool, device=x_t.device)
-        mask[:, :P, :P] = self.prefix_attention_mask(image_masks, token_masks)
-        mask[:, P:, :P] = valid[:, None, :]
-        mask[:, P:, P:] = True
+        Lt = 0
+        if text_tokens is not None:
+            if self.cfg.prefix_attention != "image_isolated":
+                raise ValueError("text targets need prefix_attention 'image_isolated' (the image prefix shared by "
+                                 "every task)")
+            text_masks = text_masks.bool()
+            Lt = text_tokens.shape[1]
+            parts.append(self.embed_tokens(text_tokens))
+            text_pos = img_valid.sum(1, keepdim=True) + text_masks.long().cumsum(dim=1) - 1        # [B, Lt]
+        suf_pos = valid.sum(1, keepdim=True) + torch.arange(H, device=dev)[None]
+        positions = torch.cat([pre_pos] + ([text_pos] if Lt else []) + [suf_pos], dim=1)
+        T = Pp + Lt + H
+        S = Pp + Lt                                                                        # suffix start
+        mask = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
+        mask[:, :Pp, :Pp] = self.prefix_attention_mask(image_masks, token_masks)
+        if Lt:
+            CN = img_valid.shape[1]
+            idx = torch.arange(Lt, device=dev)
+            causal = (idx[None, :] <= idx[:, None])[None] & text_masks[:, None, :] & text_masks[:, :, None]
+            causal = causal | (torch.eye(Lt, dtype=torch.bool, device=dev)[None] & ~text_masks[:, :, None])
+            mask[:, Pp:S, :CN] = img_valid[:, None, :] & text_masks[:, :, None]
+            mask[:, Pp:S, Pp:S] = causal
+        mask[:, S:, :Pp] = valid[:, None, :]
+        mask[:, S:, S:] = True
         cond = self.time_condition(t)
         x_suf = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)
-        _, h, _, _ = self._layers(x_pre, x_suf, cond, positions, mask)
+        h_vlm, h, _, _ = self._layers(torch.cat(parts, dim=1), x_suf, cond, positions, mask)
         h, _ = self.expert.norm(h, cond)
-        return self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+        velocity = self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+        return velocity, (self._logits(h_vlm[:, Pp:S]) if Lt else None)
 
 
 def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,

@@ -88,6 +88,8 @@ class ArmIK:
             A[3, 3] += self.roll_weight
             dq = np.linalg.solve(A, J.T @ e - self.roll_weight * np.eye(6)[3] * q[3])
             n = np.abs(dq).max()
+            if n < 1e-6:                                      # converged (with the roll pull: a compromise)
+                break
             if n > self.max_step:                             # small steps keep it on the branch it started on
                 dq *= self.max_step / n
             q = np.clip(q + dq, self.low, self.high)

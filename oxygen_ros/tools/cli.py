@@ -1,6 +1,7 @@
 """The `oxygen` command: one entry point for the package's tools.
 
   oxygen node [ROS args]        the lifecycle node (same as `oxygen_node` / `ros2 run oxygen_ros oxygen_node`)
+  oxygen sim [ROS args]         the simulated ALOHA robot node (same as `ros2 run oxygen_ros sim_node`)
   oxygen demo [...]             the main job: node + replayed synthetic bag + questions + live metrics + plot
   oxygen bench [...]            engine benchmark: isolated vs shared vs oxygen, side by side (no ROS needed)
   oxygen smoothness [...]       executed-action smoothness at chunk switches: none vs blend vs rtc (no ROS needed)
@@ -14,6 +15,7 @@
   oxygen sim-record [...]       scripted-expert episodes in the MuJoCo simulation -> an episode bag (training data)
   oxygen sim-eval [...]         closed-loop evaluation in the simulation over a grid (engine mode, chunking, delay,
                                 language load): success with Wilson intervals, smoothness, answer accuracy, videos
+  oxygen train BAGS [...]       train / fine-tune the pi0.5 model on episode bags (torchrun for DDP) -> a checkpoint
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
 run on a machine without ROS.
@@ -24,6 +26,7 @@ import sys
 
 COMMANDS = {
     "node": ("oxygen_ros.ros.node", "main"),
+    "sim": ("oxygen_ros.ros.sim_node", "main"),
     "demo": ("oxygen_ros.tools.demo", "main"),
     "bench": ("oxygen_ros.tools.bench", "main"),
     "smoothness": ("oxygen_ros.tools.smoothness", "main"),
@@ -35,6 +38,7 @@ COMMANDS = {
     "soak": ("oxygen_ros.tools.soak", "main"),
     "sim-record": ("oxygen_ros.tools.sim_record", "main"),
     "sim-eval": ("oxygen_ros.tools.sim_eval", "main"),
+    "train": ("oxygen_ros.tools.train", "main"),
 }
 
 

@@ -1,0 +1,99 @@
+"""``oxygen train``: train (or fine-tune) the package's pi0.5 on rosbag2 episode bags - the bags of
+``oxygen sim-record`` or a robot's own recordings - into a checkpoint the node loads.
+
+This file owns the command line; the work is in ``oxygen_ros/train/`` (``trainer.py``).  The topic mapping: camera
+topics (-> the model's slots) and joint names come from the node's parameter file (``--params``, default
+config/sim_aloha.yaml: the robot's own mapping), the other topics from ``--*-topic``.  Run it under ``torchrun
+--nproc_per_node N`` for distributed data parallel training (gloo on CPU, NCCL on GPUs).  ``--eval-every N`` runs
+``--eval-episodes`` closed-loop lockstep episodes per task of ``--eval-tasks`` on seeds ``--eval-seeds`` with each
+checkpoint and plots their success with the losses.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="oxygen train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("bags", nargs="+", help="rosbag2 bag directories (or folders holding them)")
+    ap.add_argument("--out", required=True, help="run folder: checkpoints/, latest, curves.json/png, tokenizer/")
+    ap.add_argument("--params", default=None, help="node parameter file with the topic mapping (default "
+                                                   "config/sim_aloha.yaml)")
+    ap.add_argument("--preset", default="demo", help="model size to train from scratch (tiny, demo, bench-cpu, pi05)")
+    ap.add_argument("--init", default=None, help="start from this checkpoint (fine-tuning; its architecture)")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=32, help="global batch (split over torchrun processes)")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--text-weight", type=float, default=0.5, help="weight of the text cross-entropy (0 = off)")
+    ap.add_argument("--horizon", type=int, default=None, help="action chunk rows (default: the preset's)")
+    ap.add_argument("--vocab-size", type=int, default=1024, help="SentencePiece vocabulary (at most)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (avx512_bf16 CPUs, GPUs)")
+    ap.add_argument("--augment", action="store_true", help="shift / re-light the base camera")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--val-fraction", type=float, default=0.05, help="episodes held out for validation")
+    ap.add_argument("--val-every", type=int, default=500)
+    ap.add_argument("--ckpt-every", type=int, default=1000)
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
+    for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
+                          ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
+        ap.add_argument(f"--{name}-topic", default=None, help=f"default {default}")
+    ap.add_argument("--eval-every", type=int, default=0, help="closed-loop evaluation every N steps (0 = off)")
+    ap.add_argument("--eval-tasks", default="reach")
+    ap.add_argument("--eval-seeds", default="900000:900003", help="evaluation seeds (never recorded for training)")
+    ap.add_argument("--quiet", action="store_true")
+    return ap
+
+
+def _eval_hook(tasks: str, seeds: str):
+    def hook(step: int, ckpt) -> dict:
+        from oxygen_ros.tools.sim_eval import run_grid, _cells  # noqa: PLC0415
+        from oxygen_ros.tools.sim_record import parse_seeds  # noqa: PLC0415
+
+        common = {"policy": str(ckpt), "params": None, "overrides": {}, "camera_size": 96, "camera_every": 5,
+                  "horizon": 20, "out": str(ckpt)}
+        eps = run_grid(common, _cells(["oxygen"], ["blend"], [0.0], ["none"]), tasks.split(","),
+                       parse_seeds(seeds), 1, False, quiet=True)
+        ok = [e for e in eps if not e.get("error")]
+        return {"success": sum(e["success"] for e in ok) / max(1, len(ok)), "episodes": len(ok)}
+    return hook
+
+
+def main(argv=None) -> int:
+    from oxygen_ros.train.data import DataError  # noqa: PLC0415
+    from oxygen_ros.train.trainer import Trainer, TrainOptions  # noqa: PLC0415
+
+    ap = _parser()
+    a = ap.parse_args(argv)
+    topics = {"actions": a.actions_topic, "joint_states": a.joint_states_topic, "instruction": a.instruction_topic,
+              "episode": a.episode_topic, "text_targets": a.text_targets_topic}
+    o = TrainOptions(bags=a.bags, out=a.out, params=a.params, preset=a.preset, steps=a.steps,
+                     batch_size=a.batch_size, lr=a.lr, min_lr_ratio=a.min_lr_ratio, warmup=a.warmup,
+                     weight_decay=a.weight_decay, grad_clip=a.grad_clip, text_weight=a.text_weight, bf16=a.bf16,
+                     augment=a.augment, seed=a.seed, val_fraction=a.val_fraction, val_every=a.val_every,
+                     ckpt_every=a.ckpt_every, log_every=a.log_every, vocab_size=a.vocab_size, horizon=a.horizon,
+                     asset_id=a.asset_id, threads=a.threads, init=a.init, resume=a.resume,
+                     eval_every=a.eval_every, topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
+    trainer = Trainer(o, eval_hook=_eval_hook(a.eval_tasks, a.eval_seeds) if a.eval_every else None)
+    try:
+        trainer.setup()
+    except (DataError, ValueError, FileNotFoundError) as exc:
+        print(f"oxygen train: error: {exc}", file=sys.stderr)
+        return 2
+    res = trainer.train()
+    if trainer.rank == 0:
+        print(f"trained to step {res['step']}; latest checkpoint: {res['latest']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

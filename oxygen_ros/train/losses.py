@@ -1,0 +1,54 @@
+"""The training objective of pi0.5: flow matching on action chunks plus next-token cross-entropy on text targets.
+
+This file owns the losses, following openpi's PyTorch pi0.5 (``src/openpi/models_pytorch/pi0_pytorch.py``:
+``sample_time`` draws t ~ Beta(1.5, 1) * 0.999 + 0.001, ``forward`` builds x_t = t * noise + (1 - t) * actions and the
+velocity target u_t = noise - actions and returns the element-wise MSE to the predicted velocity), with LeRobot's
+masking of padded chunk rows (rows past an episode's end do not count).  The text loss is the cross-entropy of the
+answer tokens and EOS given the image tokens and the language prompt (prefix-LM: the prompt is context, only what
+follows it is predicted).  ``pi05_loss(model, batch, noise, time)`` returns the weighted total and its parts; the
+noise and times are drawn by the caller (from a seeded generator, so distributed ranks and resumed runs draw the same).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["sample_time", "flow_matching_loss", "text_loss", "pi05_loss"]
+
+
+def sample_time(batch: int, gen: torch.Generator | None = None) -> torch.Tensor:
+    """openpi's time distribution: Beta(1.5, 1) * 0.999 + 0.001 (more weight near t = 1, pure noise)."""
+    # Beta(a, 1) = U^(1/a): inverse-CDF sampling from the caller's generator (torch.distributions has no generator)
+    u = torch.rand(batch, generator=gen)
+    return u.pow(1.0 / 1.5) * 0.999 + 0.001
+
+
+def flow_matching_loss(v_pred: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor,
+                       valid: torch.Tensor) -> torch.Tensor:
+    """Mean squared error between the predicted velocity and u_t = noise - actions over valid rows ([B, H]),
+    averaged over all action dims (as openpi, padded dims included: their target is the noise)."""
+    u = noise - actions
+    se = (v_pred.float() - u).pow(2).mean(dim=-1)                                      # [B, H]
+    w = valid.float()
+    return (se * w).sum() / w.sum().clamp(min=1.0)
+
+
+def text_loss(logits: torch.Tensor, text: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of text[:, j + 1] under logits[:, j] where targets[:, j] (the answer and EOS)."""
+    if logits is None or not bool(targets.any()):
+        return torch.zeros((), device=text.device)
+    lg = logits[:, :-1][targets[:, :-1]]                                               # [n, V]
+    nxt = text[:, 1:][targets[:, :-1]]                                                 # [n]
+    return F.cross_entropy(lg.float(), nxt)
+
+
+def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weight: float = 1.0):
+    """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it).  Returns (total, flow matching, text)."""
+    t = time[:, None, None]
+    x_t = t * noise + (1 - t) * batch.actions
+    with_text = text_weight > 0 and bool(batch.text_targets.any())
+    v, logits = step_fn(batch.images, batch.image_masks, batch.tokens, batch.token_masks, x_t, time,
+                        batch.text if with_text else None, batch.text_masks if with_text else None)
+    fm = flow_matching_loss(v, batch.actions, noise, batch.action_valid)
+    ce = text_loss(logits, batch.text, batch.text_targets) if with_text else torch.zeros(())
+    return fm + text_weight * ce, fm.detach(), ce.detach()

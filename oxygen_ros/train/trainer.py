@@ -1,0 +1,428 @@
+"""The training loop: data -> model -> optimiser -> checkpoints the node loads, resumable and distributed.
+
+This file owns a run.  ``Trainer(options)`` loads the episodes (``data.py``), splits off validation episodes,
+computes the norm stats (or takes them from ``--init``), trains the domain tokenizer (``tokenizer.py``), builds the
+model (``model/pi05.py`` from a preset with the data's horizon and vocabulary, or ``--init`` weights) and runs
+``options.steps`` AdamW steps with linear warm-up + cosine decay, gradient clipping, optional bf16 autocast, the
+losses of ``losses.py`` and batches of ``batches.py``.  Determinism: one seeded numpy generator picks every global
+batch (rows, text targets) and one seeded torch generator draws every noise, time and augmentation; both are part of
+the checkpoint, so ``--resume`` continues exactly where an uninterrupted run would be.  Under ``torchrun`` each rank
+takes its slice of the same global batch and DDP (gloo on CPU, NCCL on CUDA) averages the gradients, so N processes
+compute the update one process computes on the whole batch.  Every ``ckpt_every`` steps (and at the end) rank 0
+writes ``checkpoints/step_NNNNNN/`` - ``model.safetensors`` + ``config.json`` + ``assets/<asset_id>/norm_stats.json``
++ ``paligemma_tokenizer.model`` (what ``load_checkpoint`` / the node's ``checkpoint`` parameter read) plus
+``train_state.safetensors`` / ``train_state.json`` (optimiser moments, step, generators, options) - into a temporary
+folder renamed when complete, then points ``latest`` at it; Ctrl-C leaves the last complete checkpoint.  Curves
+(train / validation loss, learning rate) go to ``curves.json`` and ``curves.png``; ``eval_hook(step, ckpt)`` (e.g. a
+few closed-loop episodes) runs every ``eval_every`` steps when given.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["TrainOptions", "Trainer", "lr_at"]
+
+
+@dataclass
+class TrainOptions:
+    bags: list
+    out: str
+    params: str | None = None              # node parameter file: camera topics, joint names, delta_action_mask
+    preset: str = "demo"
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup: int = 200
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0
+    text_weight: float = 0.5
+    bf16: bool = False
+    augment: bool = False
+    seed: int = 0
+    val_fraction: float = 0.05
+    val_every: int = 500
+    val_batches: int = 4
+    ckpt_every: int = 1000
+    log_every: int = 20
+    vocab_size: int = 1024
+    horizon: int | None = None             # default: the preset's
+    asset_id: str = "sim_aloha"
+    threads: int = 0                       # torch threads; 0 = torch's default
+    init: str | None = None                # checkpoint to start from (fine-tuning)
+    resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
+    eval_every: int = 0
+    topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
+    quiet: bool = False
+
+
+def lr_at(step: int, o: TrainOptions) -> float:
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio`` at ``steps``."""
+    if step < o.warmup:
+        return o.lr * (step + 1) / max(1, o.warmup)
+    p = min(1.0, (step - o.warmup) / max(1, o.steps - o.warmup))
+    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+class _Step(torch.nn.Module):
+    """What DDP wraps: the model's training forward."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model.forward_train(*args)
+
+
+class Trainer:
+    def __init__(self, o: TrainOptions, eval_hook=None, log=None):
+        self.o = o
+        self.eval_hook = eval_hook
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        if o.batch_size % self.world:
+            raise ValueError(f"batch size {o.batch_size} is not divisible by the {self.world} processes")
+        self.out = Path(o.out)
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def _say(self, s: str) -> None:
+        if self.rank == 0 and not self.o.quiet:
+            self.log(s)
+
+    def setup(self) -> None:
+        from oxygen_ros.model import NormStats, Processor, get_config, load_checkpoint  # noqa: PLC0415
+        from oxygen_ros.model.checkpoint import CheckpointError  # noqa: PLC0415
+        from oxygen_ros.model.pi05 import Pi05Model  # noqa: PLC0415
+        from oxygen_ros.model.tokenizer import SPM_FILENAME, SentencePieceTokenizer  # noqa: PLC0415
+        from oxygen_ros.ros.lockstep import default_sim_params  # noqa: PLC0415
+        from oxygen_ros.ros.parameters import Settings, load_params_file  # noqa: PLC0415
+
+        from .batches import BatchMaker  # noqa: PLC0415
+        from .data import TopicMap, describe, load_episodes, norm_stats, split_episodes  # noqa: PLC0415
+        from .tokenizer import domain_lines, train_tokenizer  # noqa: PLC0415
+
+        o = self.o
+        if o.threads > 0:
+            torch.set_num_threads(o.threads)
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        settings = Settings.from_values(load_params_file(o.params or default_sim_params()))
+        self.settings = settings
+        self.delta_mask = np.zeros(len(settings.action_names), bool)
+        dm = np.asarray(settings.delta_action_mask, bool)
+        self.delta_mask[:len(dm)] = dm
+        resume_dir = self._latest() if o.resume else None
+        if o.resume and resume_dir is None:
+            raise ValueError(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
+        init_dir = resume_dir or (Path(o.init) if o.init else None)
+        # the model's shape decides the image size the data is decoded at
+        if init_dir is not None:
+            try:
+                pol = load_checkpoint(init_dir)
+            except CheckpointError as exc:
+                raise ValueError(f"cannot load {init_dir}: {exc}") from exc
+            cfg = pol.cfg
+            if not resume_dir and o.preset and o.preset != cfg.name:
+                want = get_config(o.preset)
+                if (want.vision, want.vlm, want.expert) != (cfg.vision, cfg.vlm, cfg.expert):
+                    raise ValueError(f"--init {init_dir}: its architecture ({cfg.name}) is not the preset "
+                                     f"{o.preset!r}'s; drop --preset or pick the matching one")
+        else:
+            cfg = get_config(o.preset, **({"action_horizon": o.horizon} if o.horizon else {}))
+        tm = TopicMap.from_settings(settings, **o.topics)
+        t0 = time.perf_counter()
+        episodes = load_episodes(o.bags, tm, image_size=cfg.image_size)
+        self._say(f"data: {describe(episodes)} ({time.perf_counter() - t0:.0f} s to read)")
+        if len(tm.action_names) > cfg.action_dim:
+            raise ValueError(f"{len(tm.action_names)} action joints exceed the model's action_dim {cfg.action_dim}")
+        self.train_eps, self.val_eps = split_episodes(episodes, o.val_fraction, o.seed)
+        if init_dir is not None:
+            ns = pol.norm_stats
+            if ns is None:
+                ns = NormStats.from_dict(norm_stats(self.train_eps, cfg.action_horizon, self.delta_mask))
+            tok = pol.tokenizer
+            model = pol.model
+            self.tok_path = init_dir / SPM_FILENAME if (init_dir / SPM_FILENAME).is_file() else None
+        else:
+            ns = NormStats.from_dict(norm_stats(self.train_eps, cfg.action_horizon, self.delta_mask))
+            self.tok_path = self.out / "tokenizer" / SPM_FILENAME
+            if self.rank == 0:
+                train_tokenizer(domain_lines(self.train_eps, ns.to_dict(), settings.memory_prompt), self.tok_path,
+                                o.vocab_size)
+            if self.world > 1:
+                torch.distributed.barrier()
+            tok = SentencePieceTokenizer(self.tok_path)
+            cfg = cfg.replace(vocab_size=max(cfg.vocab_size, tok.vocab_size) if cfg.vocab_size < 100_000
+                              else cfg.vocab_size)
+            torch.manual_seed(o.seed)
+            model = Pi05Model(cfg)
+        self.cfg, self.norm_stats, self.tok = cfg, ns, tok
+        model.requires_grad_(True)
+        model.paligemma_with_expert.gemma_expert.lm_head.requires_grad_(False)      # unused (openpi key only)
+        model.train()
+        self.model = model
+        self.proc = Processor(cfg, tok, ns, action_dims=len(tm.action_names))
+        self.maker = BatchMaker(cfg, self.proc, self.delta_mask, 0)
+        self.maker.text_len = int(math.ceil(self.maker.longest_text(episodes) / 8) * 8)
+        self.samples = [(e, f) for e in self.train_eps for f in range(e.num_frames)]
+        if not self.samples:
+            raise ValueError("the training split holds no frames")
+        params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=(0.9, 0.95),
+                                     eps=1e-8)
+        self.step_fn = _Step(model)
+        if self.world > 1:
+            self.step_fn = torch.nn.parallel.DistributedDataParallel(self.step_fn)
+        self.rng = np.random.default_rng(o.seed)
+        self.gen = torch.Generator().manual_seed(o.seed)
+        self.step = 0
+        self.curves: dict = {"train": [], "val": [], "eval": []}
+        if resume_dir is not None:
+            self._load_state(resume_dir)
+            self._say(f"resumed from {resume_dir} at step {self.step}")
+        n_par = sum(p.numel() for p in params)
+        self._say(f"model: {cfg.name} {n_par / 1e6:.2f} M trainable parameters, H={cfg.action_horizon}, "
+                  f"vocab {tok.vocab_size}, image {cfg.image_size} px, text_len {self.maker.text_len}; "
+                  f"{len(self.samples)} training frames, {sum(e.num_frames for e in self.val_eps)} validation frames; "
+                  f"world {self.world}")
+        self._val_items = self._fixed_val_items()
+
+    # ------------------------------------------------------------------------------------------------ batches
+    def _global_items(self) -> list:
+        """The next global batch (same on every rank): rows and text-target choices from the shared generator."""
+        idx = self.rng.integers(0, len(self.samples), size=self.o.batch_size)
+        choice = self.rng.integers(0, 1 << 30, size=self.o.batch_size)
+        return [(self.samples[i][0], self.samples[i][1], int(c)) for i, c in zip(idx, choice)]
+
+    def _fixed_val_items(self) -> list:
+        if not self.val_eps:
+            return []
+        r = np.random.default_rng(self.o.seed + 1)
+        val = [(e, f) for e in self.val_eps for f in range(e.num_frames)]
+        n = min(len(val), self.o.val_batches * self.o.batch_size)
+        return [(val[i][0], val[i][1], int(r.integers(1 << 30))) for i in r.permutation(len(val))[:n]]
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def train(self) -> dict:
+        from .losses import pi05_loss, sample_time  # noqa: PLC0415
+
+        o = self.o
+        B, per = o.batch_size, o.batch_size // self.world
+        H, A = self.cfg.action_horizon, self.cfg.action_dim
+        stop = {"flag": False}
+        old = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):           # finish the step, keep the last complete checkpoint, stop
+            if stop["flag"]:
+                raise KeyboardInterrupt
+            stop["flag"] = True
+            self._say("\ninterrupted: stopping after this step (the last complete checkpoint is kept)")
+        if self.rank == 0:
+            signal.signal(signal.SIGINT, on_sigint)
+        t_start, seen = time.perf_counter(), 0
+        acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
+        try:
+            while self.step < o.steps and not stop["flag"]:
+                items = self._global_items()
+                noise = torch.randn(B, H, A, generator=self.gen)
+                tt = sample_time(B, self.gen)
+                aug_seed = int(torch.randint(0, 1 << 62, (1,), generator=self.gen))
+                lo, hi = self.rank * per, (self.rank + 1) * per
+                batch = self.maker.make(items[lo:hi], torch.Generator().manual_seed(aug_seed + self.rank),
+                                        augment=o.augment)
+                lr = lr_at(self.step, o)
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
+                                    enabled=o.bf16):
+                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi], tt[lo:hi], o.text_weight)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
+                self.opt.step()
+                self.step += 1
+                seen += 1
+                for k, v in (("loss", loss), ("fm", fm), ("ce", ce)):
+                    acc[k] += float(v)
+                acc["n"] += 1
+                if self.step % o.log_every == 0 or self.step == o.steps:
+                    n = max(1, acc["n"])
+                    rate = seen / (time.perf_counter() - t_start)
+                    rec = {"step": self.step, "loss": acc["loss"] / n, "fm": acc["fm"] / n, "ce": acc["ce"] / n,
+                           "lr": lr, "grad_norm": float(gnorm), "steps_per_s": rate}
+                    self.curves["train"].append(rec)
+                    eta = (o.steps - self.step) / rate if rate > 0 else 0
+                    self._say(f"step {self.step}/{o.steps}  loss {rec['loss']:.4f} (flow {rec['fm']:.4f}, text "
+                              f"{rec['ce']:.4f})  lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
+                    acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
+                if self._val_items and (self.step % o.val_every == 0 or self.step == o.steps):
+                    self.curves["val"].append({"step": self.step, **self.validate()})
+                    v = self.curves["val"][-1]
+                    self._say(f"  validation: flow {v['fm']:.4f}  text {v['ce']:.4f}")
+                if self.step % o.ckpt_every == 0 or self.step == o.steps:
+                    ck = self.save()
+                    if self.eval_hook and o.eval_every and self.step % o.eval_every == 0 and self.rank == 0:
+                        self.curves["eval"].append({"step": self.step, **self.eval_hook(self.step, ck)})
+                        self._write_curves()
+            if stop["flag"] and self.rank == 0:
+                self._say(f"stopped at step {self.step}; resume with --resume")
+        finally:
+            if self.rank == 0:
+                signal.signal(signal.SIGINT, old)
+        return {"step": self.step, "latest": str(self._latest()) if self._latest() else None,
+                "curves": self.curves}
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        from .losses import pi05_loss, sample_time  # noqa: PLC0415
+
+        self.model.eval()
+        g = torch.Generator().manual_seed(self.o.seed + 2)
+        H, A = self.cfg.action_horizon, self.cfg.action_dim
+        tot = {"fm": 0.0, "ce": 0.0}
+        n = 0
+        step = self.model.forward_train
+        for i in range(0, len(self._val_items), self.o.batch_size):
+            items = self._val_items[i:i + self.o.batch_size]
+            b = self.maker.make(items)
+            noise = torch.randn(len(items), H, A, generator=g)
+            tt = sample_time(len(items), g)
+            _, fm, ce = pi05_loss(step, b, noise, tt, 1.0)
+            tot["fm"] += float(fm) * len(items)
+            tot["ce"] += float(ce) * len(items)
+            n += len(items)
+        self.model.train()
+        return {k: v / max(1, n) for k, v in tot.items()}
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def _latest(self) -> Path | None:
+        link = self.out / "latest"
+        if link.is_file():
+            p = self.out / link.read_text().strip()
+            return p if (p / "train_state.json").is_file() else None
+        return None
+
+    def save(self) -> Path | None:
+        """Write checkpoints/step_NNNNNN atomically (rank 0); returns its path."""
+        from oxygen_ros.model.checkpoint import save_checkpoint  # noqa: PLC0415
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        if self.rank != 0:
+            return None
+        name = f"step_{self.step:06d}"
+        final = self.out / "checkpoints" / name
+        tmp = self.out / "checkpoints" / (name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_checkpoint(self.model, tmp, layout="openpi", norm_stats=self.norm_stats, asset_id=self.o.asset_id)
+        if self.tok_path is not None:
+            shutil.copy2(self.tok_path, tmp / self.tok_path.name)
+        opt_t, opt_meta = _flatten_optimizer(self.opt)
+        save_file(opt_t | {"gen_state": self.gen.get_state()}, str(tmp / "train_state.safetensors"))
+        state = {"step": self.step, "rng": _jsonable(self.rng.bit_generator.state), "optimizer": opt_meta,
+                 "options": asdict(self.o), "text_len": self.maker.text_len,
+                 "val_episodes": [e.source for e in self.val_eps], "curves": self.curves,
+                 "delta_action_mask": self.delta_mask.astype(int).tolist()}
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=1, default=str))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        latest_tmp = self.out / "latest.tmp"
+        latest_tmp.write_text(f"checkpoints/{name}\n")
+        os.replace(latest_tmp, self.out / "latest")
+        self._write_curves()
+        return final
+
+    def _load_state(self, d: Path) -> None:
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        st = json.loads((d / "train_state.json").read_text())
+        tensors = load_file(str(d / "train_state.safetensors"))
+        self.gen.set_state(tensors.pop("gen_state"))
+        _restore_optimizer(self.opt, tensors, st["optimizer"])
+        self.rng.bit_generator.state = st["rng"]
+        self.step = int(st["step"])
+        self.curves = st.get("curves", self.curves)
+        self.maker.text_len = int(st["text_len"])
+
+    def _write_curves(self) -> None:
+        (self.out / "curves.json").write_text(json.dumps(self.curves, indent=1))
+        try:
+            _plot_curves(self.curves, self.out / "curves.png")
+        except Exception as exc:  # noqa: BLE001 - a plot never stops training
+            self._say(f"(curves.png not written: {exc})")
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    return x
+
+
+def _flatten_optimizer(opt) -> tuple[dict, dict]:
+    sd = opt.state_dict()
+    tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
+    for pid, st in sd["state"].items():
+        meta["state"][str(pid)] = []
+        for k, v in st.items():
+            t = v if torch.is_tensor(v) else torch.tensor(v)
+            tensors[f"opt.{pid}.{k}"] = t.contiguous()
+            meta["state"][str(pid)].append(k)
+    return tensors, meta
+
+
+def _restore_optimizer(opt, tensors: dict, meta: dict) -> None:
+    state = {int(pid): {k: tensors[f"opt.{pid}.{k}"] for k in keys} for pid, keys in meta["state"].items()}
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _plot_curves(curves: dict, path: Path) -> None:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    tr, va = curves.get("train", []), curves.get("val", [])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    if tr:
+        s = [r["step"] for r in tr]
+        axes[0].plot(s, [r["fm"] for r in tr], label="train flow matching")
+        axes[1].plot(s, [r["ce"] for r in tr], label="train text CE")
+        axes[2].plot(s, [r["lr"] for r in tr], label="learning rate")
+    if va:
+        s = [r["step"] for r in va]
+        axes[0].plot(s, [r["fm"] for r in va], "o-", label="validation")
+        axes[1].plot(s, [r["ce"] for r in va], "o-", label="validation")
+    ev = curves.get("eval", [])
+    if ev:
+        ax = axes[2].twinx()
+        ax.plot([r["step"] for r in ev], [100 * r.get("success", 0) for r in ev], "s-", color="green",
+                label="closed-loop success %")
+        ax.set_ylim(-5, 105)
+        ax.legend(loc="lower right", fontsize=7)
+    for ax, yl in zip(axes, ("loss", "loss", "lr")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
