@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["record", "main", "parse_seeds", "TOPICS", "TYPES"]
+__all__ = ["record", "main", "parse_seeds", "TOPICS", "TYPES", "EpisodeBagWriter"]
 
 TOPICS = {"base": "/camera/base/image_raw", "left_wrist": "/camera/left_wrist/image_raw",
           "right_wrist": "/camera/right_wrist/image_raw", "joint_states": "/joint_states",
@@ -55,7 +55,7 @@ def parse_seeds(text: str) -> range:
     return r
 
 
-class _BagWriter:
+class EpisodeBagWriter:
     """rosbags Writer + typestore message builders for the episode bag's topics."""
 
     def __init__(self, path: Path):
@@ -157,7 +157,7 @@ def record(o) -> dict:
     config = EpisodeConfig(delay_steps=o.delay_steps, camera_every=int(round(every)), stop_on_success=True,
                            tail_s=o.tail)
     part.mkdir(parents=True)
-    bag = _BagWriter(part / out.name)                 # the storage file is named after the bag directory
+    bag = EpisodeBagWriter(part / out.name)                 # the storage file is named after the bag directory
     episodes, t_ns, eid = [], EPOCH_NS, 0
     total = len(tasks) * len(o.seeds)
     wall0 = time.perf_counter()

@@ -126,7 +126,7 @@ def _read_bag(path: Path, tm: TopicMap):
     except Exception as exc:  # noqa: BLE001 - rosbags raises several types for a bad bag
         raise DataError(f"{path}: not a readable rosbag2 ({type(exc).__name__}: {exc})") from exc
     try:
-        topics = {c.topic: c for c in reader.connections}
+        topics = {c.topic: c for c in reader.connections if c.msgcount > 0}
         wanted = {t: k for k, t in (("joint_states", tm.joint_states), ("actions", tm.actions),
                                     ("instruction", tm.instruction), ("episode", tm.episode),
                                     ("text", tm.text_targets))}
@@ -136,8 +136,9 @@ def _read_bag(path: Path, tm: TopicMap):
         required = [tm.joint_states, tm.actions, tm.cameras[0] or next(c for c in tm.cameras if c)]
         missing = [t for t in required if t not in topics]
         if missing:
-            raise DataError(f"{path}: mapped topic(s) {missing} not in the bag (it has {sorted(topics)}); map them "
-                            "with --params (camera_topics, joint names) or the --*-topic options")
+            raise DataError(f"{path}: mapped topic(s) {missing} not in the bag (it has messages on "
+                            f"{sorted(topics)}); map them with --params (camera_topics, joint names) or the "
+                            "--*-topic options")
         conns = [c for c in reader.connections if c.topic in wanted]
         out = []
         for con, t_ns, raw in reader.messages(connections=conns):

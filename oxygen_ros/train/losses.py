@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["sample_time", "flow_matching_loss", "text_loss", "pi05_loss"]
+__all__ = ["sample_time", "flow_matching_loss", "text_loss", "loss_counts", "pi05_loss"]
 
 
 def sample_time(batch: int, gen: torch.Generator | None = None) -> torch.Tensor:
@@ -23,32 +23,46 @@ def sample_time(batch: int, gen: torch.Generator | None = None) -> torch.Tensor:
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
 
 
-def flow_matching_loss(v_pred: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor,
-                       valid: torch.Tensor) -> torch.Tensor:
+def flow_matching_loss(v_pred: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor, valid: torch.Tensor,
+                       denom: float | torch.Tensor | None = None) -> torch.Tensor:
     """Mean squared error between the predicted velocity and u_t = noise - actions over valid rows ([B, H]),
-    averaged over all action dims (as openpi, padded dims included: their target is the noise)."""
+    averaged over all action dims (as openpi, padded dims included: their target is the noise).  ``denom``: the
+    number of valid rows to divide by (default: this batch's; distributed ranks pass the global count / world size,
+    so that averaging the ranks' gradients gives the gradient of the global mean)."""
     u = noise - actions
     se = (v_pred.float() - u).pow(2).mean(dim=-1)                                      # [B, H]
     w = valid.float()
-    return (se * w).sum() / w.sum().clamp(min=1.0)
+    d = w.sum().clamp(min=1.0) if denom is None else denom
+    return (se * w).sum() / d
 
 
-def text_loss(logits: torch.Tensor, text: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of text[:, j + 1] under logits[:, j] where targets[:, j] (the answer and EOS)."""
-    if logits is None or not bool(targets.any()):
-        return torch.zeros((), device=text.device)
-    lg = logits[:, :-1][targets[:, :-1]]                                               # [n, V]
-    nxt = text[:, 1:][targets[:, :-1]]                                                 # [n]
-    return F.cross_entropy(lg.float(), nxt)
+def text_loss(logits: torch.Tensor, text: torch.Tensor, targets: torch.Tensor,
+              denom: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy of text[:, j + 1] under logits[:, j] where targets[:, j] (the answer and EOS), summed and divided
+    by ``denom`` (default: the number of such tokens here).  A batch without targets gives 0 still connected to the
+    logits (every rank of a distributed step runs the same graph)."""
+    m = targets[:, :-1]
+    if not bool(m.any()):
+        return logits.sum() * 0.0
+    ce = F.cross_entropy(logits[:, :-1][m].float(), text[:, 1:][m], reduction="sum")
+    return ce / (m.sum().clamp(min=1) if denom is None else denom)
 
 
-def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weight: float = 1.0):
-    """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it).  Returns (total, flow matching, text)."""
+def loss_counts(batch) -> torch.Tensor:
+    """[valid action rows, predicted text tokens] of a batch (the losses' denominators)."""
+    return torch.tensor([float(batch.action_valid.sum()), float(batch.text_targets[:, :-1].sum())])
+
+
+def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weight: float = 1.0,
+              denoms: torch.Tensor | None = None):
+    """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it).  ``denoms``: (rows, text tokens) to divide by
+    (default ``loss_counts(batch)``).  Returns (total, flow matching, text) - the parts detached, for logging."""
+    d = loss_counts(batch).clamp(min=1.0) if denoms is None else denoms
     t = time[:, None, None]
     x_t = t * noise + (1 - t) * batch.actions
-    with_text = text_weight > 0 and bool(batch.text_targets.any())
+    with_text = text_weight > 0
     v, logits = step_fn(batch.images, batch.image_masks, batch.tokens, batch.token_masks, x_t, time,
                         batch.text if with_text else None, batch.text_masks if with_text else None)
-    fm = flow_matching_loss(v, batch.actions, noise, batch.action_valid)
-    ce = text_loss(logits, batch.text, batch.text_targets) if with_text else torch.zeros(())
+    fm = flow_matching_loss(v, batch.actions, noise, batch.action_valid, d[0])
+    ce = text_loss(logits, batch.text, batch.text_targets, d[1]) if with_text else torch.zeros(())
     return fm + text_weight * ce, fm.detach(), ce.detach()

@@ -48,6 +48,10 @@ def train_tokenizer(lines: list[str], path, vocab_size: int = 1024) -> Path:
     ``vocab_size`` when the corpus has fewer useful pieces (``hard_vocab_limit`` off)."""
     import sentencepiece as spm  # noqa: PLC0415
 
+    floor = 4 + 256 + NUM_STATE_BINS + 64             # specials + byte fallback + state bins + some words
+    if vocab_size < floor:
+        raise ValueError(f"vocab_size {vocab_size} is too small: the special ids, 256 byte-fallback pieces and "
+                         f"{NUM_STATE_BINS} state bins alone need {floor - 64}; use at least {floor}")
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=buf, vocab_size=int(vocab_size), model_type="bpe",

@@ -64,6 +64,7 @@ class TrainOptions:
     resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
     eval_every: int = 0
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
+    model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
 
 
@@ -141,7 +142,10 @@ class Trainer:
                     raise ValueError(f"--init {init_dir}: its architecture ({cfg.name}) is not the preset "
                                      f"{o.preset!r}'s; drop --preset or pick the matching one")
         else:
-            cfg = get_config(o.preset, **({"action_horizon": o.horizon} if o.horizon else {}))
+            over = dict(o.model_overrides)
+            if o.horizon:
+                over["action_horizon"] = o.horizon
+            cfg = get_config(o.preset, **over)
         tm = TopicMap.from_settings(settings, **o.topics)
         t0 = time.perf_counter()
         episodes = load_episodes(o.bags, tm, image_size=cfg.image_size)
@@ -188,7 +192,13 @@ class Trainer:
                                      eps=1e-8)
         self.step_fn = _Step(model)
         if self.world > 1:
-            self.step_fn = torch.nn.parallel.DistributedDataParallel(self.step_fn)
+            # not synchronised (DDP broadcasts every parameter and buffer at start): the unused expert lm_head (a
+            # zero-stride view, the same on every rank) and SigLIP's constant position-id buffer (expanded)
+            DDP = torch.nn.parallel.DistributedDataParallel
+            DDP._set_params_and_buffers_to_ignore_for_model(self.step_fn, [
+                n for n, t in list(self.step_fn.named_parameters()) + list(self.step_fn.named_buffers())
+                if t.stride() and 0 in t.stride()])
+            self.step_fn = DDP(self.step_fn)
         self.rng = np.random.default_rng(o.seed)
         self.gen = torch.Generator().manual_seed(o.seed)
         self.step = 0
@@ -219,8 +229,9 @@ class Trainer:
         return [(val[i][0], val[i][1], int(r.integers(1 << 30))) for i in r.permutation(len(val))[:n]]
 
     # ------------------------------------------------------------------------------------------------ loop
-    def train(self) -> dict:
-        from .losses import pi05_loss, sample_time  # noqa: PLC0415
+    def train(self, until: int | None = None) -> dict:
+        """Run to ``steps`` (or stop after step ``until``, as an interruption would: resumable)."""
+        from .losses import loss_counts, pi05_loss, sample_time  # noqa: PLC0415
 
         o = self.o
         B, per = o.batch_size, o.batch_size // self.world
@@ -238,7 +249,7 @@ class Trainer:
         t_start, seen = time.perf_counter(), 0
         acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
         try:
-            while self.step < o.steps and not stop["flag"]:
+            while self.step < min(o.steps, until or o.steps) and not stop["flag"]:
                 items = self._global_items()
                 noise = torch.randn(B, H, A, generator=self.gen)
                 tt = sample_time(B, self.gen)
@@ -249,17 +260,21 @@ class Trainer:
                 lr = lr_at(self.step, o)
                 for g in self.opt.param_groups:
                     g["lr"] = lr
+                counts = loss_counts(batch)
+                if self.world > 1:                    # global denominators: DDP's mean of rank gradients = global
+                    torch.distributed.all_reduce(counts)
+                denoms = counts.clamp(min=1.0) / self.world
                 with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
                                     enabled=o.bf16):
-                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi], tt[lo:hi], o.text_weight)
+                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi], tt[lo:hi], o.text_weight, denoms)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
                 self.opt.step()
                 self.step += 1
                 seen += 1
-                for k, v in (("loss", loss), ("fm", fm), ("ce", ce)):
-                    acc[k] += float(v)
+                for k, v in (("loss", loss.detach()), ("fm", fm), ("ce", ce)):
+                    acc[k] += float(v) * self.world      # this rank's share of the global mean
                 acc["n"] += 1
                 if self.step % o.log_every == 0 or self.step == o.steps:
                     n = max(1, acc["n"])

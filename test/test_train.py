@@ -1,0 +1,284 @@
+"""``oxygen train`` (``oxygen_ros/train``): the flow-matching and text losses on hand-computed cases, the training
+forward's attention equal to the engine's inference path (actions from ``prefill`` + ``velocity``, text logits from
+``prefill_images`` + ``extend_prefix``), the segments' isolation (the prefix-LM mask), a smoke run on real episode
+bags (``oxygen sim-record``) whose loss falls and whose checkpoint the node's loader serves with the same actions,
+resume = an uninterrupted run, 2-process DDP (torchrun, gloo) = one process on the same global batch, and the errors
+bad data gives before training starts."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import oxygen_ros.sim  # noqa: F401 - MUJOCO_GL before mujoco
+
+from oxygen_ros.model import build_model, get_config
+from oxygen_ros.train.losses import flow_matching_loss, sample_time, text_loss
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REPO = Path(__file__).resolve().parents[1]
+# a small model over the sim's 16 px cameras: what the smoke / resume / DDP runs train
+SMALL = {"vision": {"image_size": 16, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+         "vlm": {"width": 32, "depth": 2, "mlp_dim": 64, "num_heads": 2, "head_dim": 16},
+         "expert": {"width": 32, "depth": 2, "mlp_dim": 64, "num_heads": 2, "head_dim": 16},
+         "action_horizon": 8, "max_token_len": 40}
+
+
+# ---------------------------------------------------------------------------------------------------- losses
+def test_flow_matching_loss_on_a_hand_computed_case():
+    actions = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
+    noise = torch.tensor([[[0.0, 1.0], [1.0, 1.0]]])
+    v = torch.tensor([[[-1.0, -1.0], [0.0, 0.0]]])          # u = noise - actions = [[-1,-1],[-2,-3]]
+    valid = torch.tensor([[True, True]])
+    # row 0: ((0)^2 + (0)^2) / 2 = 0; row 1: ((2)^2 + (3)^2) / 2 = 6.5 -> mean 3.25
+    assert flow_matching_loss(v, actions, noise, valid).item() == pytest.approx(3.25)
+    assert flow_matching_loss(v, actions, noise, torch.tensor([[True, False]])).item() == pytest.approx(0.0)
+
+
+def test_time_follows_openpis_beta_distribution():
+    t = sample_time(200_000, torch.Generator().manual_seed(0))
+    assert float(t.min()) >= 0.001 and float(t.max()) <= 1.0
+    assert float(t.mean()) == pytest.approx(0.6 * 0.999 + 0.001, abs=3e-3)      # E[Beta(1.5, 1)] = 0.6
+    assert float((t < 0.5).float().mean()) == pytest.approx((0.499 / 0.999) ** 1.5, abs=3e-3)   # CDF x^1.5
+
+
+def test_text_loss_counts_only_the_answer_and_eos():
+    V = 5
+    logits = torch.zeros(1, 4, V)
+    logits[0, 1, 3] = 10.0                                   # position 1 predicts token 3 (the answer) well
+    text = torch.tensor([[2, 4, 3, 1]])                      # BOS, prompt, answer, EOS
+    targets = torch.tensor([[False, True, True, False]])     # predict text[2] from 1 and text[3] from 2
+    ce = text_loss(logits, text, targets).item()
+    expect = (-torch.log_softmax(logits[0, 1], -1)[3] - torch.log_softmax(logits[0, 2], -1)[1]).item() / 2
+    assert ce == pytest.approx(expect)
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    m = build_model(get_config("tiny"))
+    from model_fixtures import randomize_parameters
+    randomize_parameters(m, seed=3)
+    return m
+
+
+def _inputs(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B, C, S = 2, 3, cfg.image_size
+    images = torch.randn(B, C, 3, S, S, generator=g)
+    imask = torch.tensor([[1, 0, 1], [1, 1, 1]]).bool()
+    tok = torch.randint(3, 200, (B, 12), generator=g)
+    tmask = torch.ones(B, 12, dtype=torch.bool)
+    tmask[0, 9:] = False
+    txt = torch.randint(3, 200, (B, 10), generator=g)
+    xmask = torch.ones(B, 10, dtype=torch.bool)
+    xmask[1, 7:] = False
+    x = torch.randn(B, cfg.action_horizon, cfg.action_dim, generator=g)
+    t = torch.rand(B, generator=g)
+    return images, imask, tok, tmask, txt, xmask, x, t
+
+
+@torch.no_grad()
+def test_training_forward_is_the_engines_inference_attention(tiny):
+    m = tiny
+    images, imask, tok, tmask, txt, xmask, x, t = _inputs(m.cfg)
+    v, logits = m.forward_train(images, imask, tok, tmask, x, t, txt, xmask)
+    # actions: the prefix of prefill (images + action prompt), S Euler steps' velocity
+    assert torch.allclose(v, m.velocity(m.prefill(images, imask, tok, tmask), x, t), atol=1e-5)
+    # text: image prefix shared, the prompt + answer extended on it (how the engine admits a language request)
+    img = m.prefill_images(images, imask)
+    for j in range(1, txt.shape[1] + 1):
+        e = m.extend_prefix(img, txt[:, :j], xmask[:, :j], want_logits=True)
+        for b in range(2):
+            if xmask[b, j - 1]:
+                assert torch.allclose(e.last_logits[b], logits[b, j - 1], atol=1e-4), (b, j)
+
+
+@torch.no_grad()
+def test_prefix_lm_mask_isolates_the_segments(tiny):
+    m = tiny
+    images, imask, tok, tmask, txt, xmask, x, t = _inputs(m.cfg)
+    v, lg = m.forward_train(images, imask, tok, tmask, x, t, txt, xmask)
+    v_no_text, _ = m.forward_train(images, imask, tok, tmask, x, t)
+    assert torch.allclose(v, v_no_text, atol=1e-6)                      # actions never see the text
+    tok2 = tok.clone()
+    tok2[:, 1:5] = (tok2[:, 1:5] + 7) % 200 + 3
+    v2, lg2 = m.forward_train(images, imask, tok2, tmask, x, t, txt, xmask)
+    assert torch.allclose(lg, lg2, atol=1e-6)                            # text never sees the action prompt
+    assert not torch.allclose(v, v2, atol=1e-4)                          # actions do see it
+    txt2 = txt.clone()
+    txt2[:, 6] = (txt2[:, 6] + 11) % 200 + 3
+    _, lg3 = m.forward_train(images, imask, tok, tmask, x, t, txt2, xmask)
+    assert torch.allclose(lg[:, :6], lg3[:, :6], atol=1e-6)              # causal: earlier positions unchanged
+    assert not torch.allclose(lg[0, 6:9], lg3[0, 6:9], atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def bags(tmp_path_factory):
+    pytest.importorskip("mujoco")
+    from oxygen_ros.tools.sim_record import main as record
+    d = tmp_path_factory.mktemp("bags")
+    assert record(["--out", str(d / "reach"), "--task", "reach", "--seeds", "0:3", "--camera-size", "16",
+                   "--camera-rate", "10", "--quiet"]) == 0
+    return d / "reach"
+
+
+def _options(bags, out, **kw):
+    from oxygen_ros.train.trainer import TrainOptions
+    base = dict(bags=[str(bags)], out=str(out), preset="tiny", steps=40, batch_size=8, lr=1e-3, warmup=5,
+                val_fraction=0.34, val_every=20, ckpt_every=20, log_every=10, vocab_size=640, seed=1, quiet=True,
+                model_overrides=SMALL)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _weights(path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_path):
+    from oxygen_ros.train.trainer import Trainer
+    tr = Trainer(_options(bags, tmp_path / "run", steps=60))
+    tr.setup()
+    before = tr.validate()
+    res = tr.train()
+    after = tr.validate()
+    assert res["step"] == 60
+    assert after["fm"] < 0.8 * before["fm"] and after["ce"] < 0.8 * before["ce"], (before, after)
+    ck = Path(res["latest"])
+    assert {"model.safetensors", "config.json", "paligemma_tokenizer.model", "train_state.json"} <= \
+        {p.name for p in ck.iterdir()}
+    assert (ck / "assets" / "sim_aloha" / "norm_stats.json").is_file()
+    curves = json.loads((tmp_path / "run" / "curves.json").read_text())
+    assert len(curves["train"]) == 6 and len(curves["val"]) == 3
+    assert (tmp_path / "run" / "curves.png").is_file()
+    # the node's own loader (engine_factory, as `checkpoint:=...` does) gives the in-memory model's actions
+    from oxygen_ros.ros.engine_factory import build_engine
+    from oxygen_ros.ros.lockstep import sim_settings
+    built = build_engine(sim_settings(None, {"checkpoint": str(ck)}), on_actions=lambda r: None,
+                         on_token=lambda e: None, on_finished=lambda r: None)
+    loaded, proc = built.engine.model, built.engine.processor
+    ep = tr.train_eps[0]
+    from oxygen_ros.model.processing import Observation
+    obs = Observation(images=list(ep.images[3]), state=ep.state[3], prompt=ep.instruction[3])
+    tr.model.eval()
+    with torch.no_grad():
+        outs = []
+        for model in (tr.model, loaded):
+            mi = proc.prepare(obs)
+            pre = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+            noise = torch.randn(1, model.cfg.action_horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(5))
+            outs.append(model.sample_actions(pre, noise))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    assert built.action_dims == 14 and built.horizon == SMALL["action_horizon"]
+
+
+def test_resume_equals_an_uninterrupted_run(bags, tmp_path):
+    from oxygen_ros.train.trainer import Trainer
+    full = Trainer(_options(bags, tmp_path / "full", steps=8, ckpt_every=4, val_every=100))
+    full.setup()
+    full.train()
+    part = Trainer(_options(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100))
+    part.setup()
+    part.train(until=4)                                       # interrupted after the step-4 checkpoint
+    resumed = Trainer(_options(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100, resume=True))
+    resumed.setup()
+    assert resumed.step == 4
+    resumed.train()
+    a, b = _weights(tmp_path / "full/checkpoints/step_000008"), _weights(tmp_path / "part/checkpoints/step_000008")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_two_process_ddp_matches_one_process(bags, tmp_path):
+    args = [str(bags), "--preset", "tiny", "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup", "1",
+            "--vocab-size", "640", "--seed", "2", "--val-fraction", "0.34", "--ckpt-every", "3", "--quiet",
+            "--threads", "1"]
+    code = ("import sys, json; from oxygen_ros.tools import train; from oxygen_ros.train import trainer as t; "
+            f"t.TrainOptions.__dataclass_fields__['model_overrides'].default_factory = lambda: {SMALL!r}; "
+            "sys.exit(train.main(sys.argv[1:]))")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, "-c", code, *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert one.returncode == 0, one.stderr[-2000:]
+    script = tmp_path / "run_train.py"
+    script.write_text(code.replace("sys.argv[1:]", "sys.argv[1:]") + "\n")
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                          str(script), *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = _weights(tmp_path / "one/checkpoints/step_000003"), _weights(tmp_path / "two/checkpoints/step_000003")
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst < 1e-5, f"DDP differs from one process by {worst}"
+    assert math.isfinite(worst)
+
+
+# ---------------------------------------------------------------------------------------------------- bad data
+def _write_bag(path, *, nan_state=False, action_dim=14, with_actions=True, success=True):
+    from oxygen_ros.sim.scene import JOINTS
+    from oxygen_ros.tools.sim_record import EpisodeBagWriter
+    path.mkdir(parents=True)
+    w = EpisodeBagWriter(path / "b")
+    ns = 1_000_000_000_000
+    w.status(ns, episode_id=1, seed=0, task="reach", instruction="x", elapsed=0.0, done=False, success=False,
+             detail="running")
+    w.string("instruction", ns, "touch the red cube with the left gripper")
+    for k in range(10):
+        t = ns + k * 20_000_000
+        if k % 5 == 0:
+            for slot in ("base", "left_wrist", "right_wrist"):
+                w.image(slot, t, np.zeros((16, 16, 3), np.uint8))
+        st = np.zeros(14)
+        if nan_state and k == 3:
+            st[2] = np.nan
+        w.joints("joint_states", t, JOINTS, st)
+        if with_actions:
+            w.joints("executed_action", t, JOINTS[:action_dim], np.zeros(action_dim))
+    w.status(ns + 200_000_000, episode_id=1, seed=0, task="reach", instruction="x", elapsed=0.2, done=True,
+             success=success, detail="success")
+    w.close()
+    return path / "b"
+
+
+@pytest.mark.parametrize("kind,match", [
+    ("no_actions", r"/executed_action.*not in the bag"),
+    ("nan_state", r"/joint_states position.*NaN"),
+    ("short_actions", r"/executed_action position: joint name\(s\) \['right_arm_waist'"),
+    ("failed_only", r"no usable episode"),
+    ("not_a_bag", r"no rosbag2 bag there"),
+])
+def test_bad_data_fails_before_training_naming_the_bag_topic_and_field(tmp_path, kind, match):
+    from oxygen_ros.train.trainer import Trainer
+    if kind == "not_a_bag":
+        bag = tmp_path / "nothing"
+        bag.mkdir()
+        (bag / "file.txt").write_text("x")
+        bag = bag / "file.txt"
+    else:
+        bag = _write_bag(tmp_path / "d", nan_state=kind == "nan_state", with_actions=kind != "no_actions",
+                         action_dim=7 if kind == "short_actions" else 14, success=kind != "failed_only")
+    tr = Trainer(_options(bag, tmp_path / "run"))
+    with pytest.raises(ValueError, match=match):
+        tr.setup()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_init_from_another_architecture_is_refused(bags, tmp_path):
+    from oxygen_ros.model import save_checkpoint
+    from oxygen_ros.train.trainer import Trainer
+    other = build_model(get_config("tiny"))
+    save_checkpoint(other, tmp_path / "ck")
+    tr = Trainer(_options(bags, tmp_path / "run", preset="demo", init=str(tmp_path / "ck")))
+    with pytest.raises(ValueError, match="architecture"):
+        tr.setup()
