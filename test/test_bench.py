@@ -26,7 +26,7 @@ def test_steady_state_schedule_and_ideal():
 
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "run"
-    bench.main(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
+    bench.run(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
               "--reps", "1", "--sweep", "--sweep-n", "4", "--sweep-k", "2,4", "--sweep-frames", "3",
               "--kinds", "subtask,conversation", "--masked-camera", "1", "--out", str(out)])
     for f in ("results.json", "table.txt", "results.png"):
@@ -51,7 +51,7 @@ def test_bench_end_to_end(tmp_path):
 
 
 def test_bench_adaptive_poisson_mixed(tmp_path):
-    doc = bench.main(["--preset", "tiny", "--frames", "4", "-N", "6", "--k", "adaptive", "-S", "1", "--warmup", "1",
+    doc = bench.run(["--preset", "tiny", "--frames", "4", "-N", "6", "--k", "adaptive", "-S", "1", "--warmup", "1",
                       "--reps", "1", "--modes", "oxygen", "--arrivals", "poisson", "--rate", "1.5",
                       "--mixed-lengths", "--kinds", "subtask,memory", "--out", str(tmp_path)])
     m = doc["modes"]["oxygen"]

@@ -29,7 +29,7 @@ from oxygen_ros.sim.scene import CAMERAS, CONTROL_DT, JOINTS
 from . import messages
 from .engine_factory import BuiltEngine, build_engine
 from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
-from .parameters import ConfigureError, Settings, load_params_file
+from .parameters import ConfigureError, Settings, load_params_file, package_config
 from .sim_io import camera_msg, joint_state_msg, trajectory_from_msg
 
 __all__ = ["EPOCH_NS", "LanguageLoad", "PipelinePolicy", "sim_settings", "default_sim_params"]
@@ -39,11 +39,7 @@ EPOCH_NS = 1_000_000_000_000          # episode time 0 = 1000 s on the pipeline'
 
 def default_sim_params() -> Path:
     """config/sim_aloha.yaml (source checkout, else the installed share directory)."""
-    here = Path(__file__).resolve().parents[2] / "config" / "sim_aloha.yaml"
-    if here.is_file():
-        return here
-    from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
-    return Path(get_package_share_directory("oxygen_ros")) / "config" / "sim_aloha.yaml"
+    return package_config("sim_aloha.yaml")
 
 
 def sim_settings(params_file: str | None = None, overrides: dict | None = None) -> Settings:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
            "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
-           "OUTPUTS", "CHUNKING"]
+           "OUTPUTS", "CHUNKING", "stray_args", "package_config"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
 BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
@@ -304,6 +305,27 @@ def load_params_file(path: str | os.PathLike, node_name: str = "oxygen_node") ->
         sec = doc.get(key)
         if isinstance(sec, dict):
             out.update(sec.get("ros__parameters") or {})
+    return out
+
+
+def package_config(name: str) -> Path:
+    """``config/<name>`` of the package: the source checkout's, else the installed share directory's."""
+    here = Path(__file__).resolve().parents[2] / "config" / name
+    if here.is_file():
+        return here
+    from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
+    return Path(get_package_share_directory("oxygen_ros")) / "config" / name
+
+
+def stray_args(argv: list) -> list:
+    """Arguments of a ROS node's command line that are neither ROS arguments (from ``--ros-args`` on) nor -h: the
+    node refuses them (``usage: ...``, exit 2) instead of starting with them silently ignored."""
+    out = []
+    for a in argv[1:]:
+        if a == "--ros-args":
+            break
+        if a not in ("-h", "--help"):
+            out.append(a)
     return out
 
 

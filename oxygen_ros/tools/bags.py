@@ -414,7 +414,7 @@ def replay_main(argv=None) -> int:
         return 2
 
     if a.large_frame_profile:
-        from oxygen_ros.ros.harness import use_large_frame_profile  # noqa: PLC0415
+        from oxygen_ros.tools.harness import use_large_frame_profile  # noqa: PLC0415
         use_large_frame_profile()
     import signal  # noqa: PLC0415
 

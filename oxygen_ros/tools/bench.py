@@ -644,7 +644,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> dict:
+def run(argv=None) -> dict:
+    """The benchmark; returns its results document (what results.json holds)."""
     a = parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -863,5 +864,11 @@ def run_sweep(model, processor, cfg, a, costs, shapes=None) -> list:
     return out
 
 
+def main(argv=None) -> int:
+    """``oxygen bench``: exit status 0 after a run (``run`` returns the results)."""
+    run(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,7 +18,9 @@
   oxygen train BAGS [...]       train / fine-tune the pi0.5 model on episode bags (torchrun for DDP) -> a checkpoint
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
-run on a machine without ROS.
+run on a machine without ROS.  Contract: each entry's function takes the remaining arguments and returns the exit
+status (an int; None = 0); argparse errors exit 2 with a usage message.  test/test_cli.py runs every entry of
+COMMANDS as a user would, through the installed console script.
 """
 import importlib
 import os
@@ -59,7 +61,11 @@ def main(argv=None) -> int:
     _default_ament_prefix()
     module, func = COMMANDS[argv[0]]
     result = getattr(importlib.import_module(module), func)(argv[1:])
-    return int(result or 0)
+    if result is None:
+        return 0
+    if isinstance(result, bool) or not isinstance(result, int):
+        raise TypeError(f"`oxygen {argv[0]}`: {module}.{func} returned {type(result).__name__}, not an exit status")
+    return result
 
 
 if __name__ == "__main__":

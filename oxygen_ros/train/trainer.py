@@ -108,8 +108,7 @@ class Trainer:
         from oxygen_ros.model.checkpoint import CheckpointError  # noqa: PLC0415
         from oxygen_ros.model.pi05 import Pi05Model  # noqa: PLC0415
         from oxygen_ros.model.tokenizer import SPM_FILENAME, SentencePieceTokenizer  # noqa: PLC0415
-        from oxygen_ros.ros.lockstep import default_sim_params  # noqa: PLC0415
-        from oxygen_ros.ros.parameters import Settings, load_params_file  # noqa: PLC0415
+        from oxygen_ros.ros.parameters import Settings, load_params_file, package_config  # noqa: PLC0415
 
         from .batches import BatchMaker  # noqa: PLC0415
         from .data import TopicMap, describe, load_episodes, norm_stats, split_episodes  # noqa: PLC0415
@@ -120,7 +119,7 @@ class Trainer:
             torch.set_num_threads(o.threads)
         if self.world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        settings = Settings.from_values(load_params_file(o.params or default_sim_params()))
+        settings = Settings.from_values(load_params_file(o.params or package_config("sim_aloha.yaml")))
         self.settings = settings
         self.delta_mask = np.zeros(len(settings.action_names), bool)
         dm = np.asarray(settings.delta_action_mask, bool)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from oxygen_ros.ros.parameters import package_config
+
 __all__ = ["default_params_file", "NodeProcess", "Monitor", "stats_ms", "isolate_dds", "use_large_frame_profile",
            "large_frame_profile"]
 
@@ -60,11 +62,7 @@ def use_large_frame_profile() -> None:
 
 
 def default_params_file() -> Path:
-    here = Path(__file__).resolve().parents[2] / "config" / "oxygen.yaml"
-    if here.is_file():
-        return here
-    from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
-    return Path(get_package_share_directory("oxygen_ros")) / "config" / "oxygen.yaml"
+    return package_config("oxygen.yaml")
 
 
 def _fmt(v) -> str:
