@@ -15,7 +15,7 @@ ROS_LAUNCH_WHEELS ?=
 export AMENT_PREFIX_PATH := $(abspath $(VENV))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg srv action oxygen_ros launch config scripts -type f \
+PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg srv action oxygen_ros launch config scripts checkpoints -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 .PHONY: setup test demo bench ros-bench golden clean

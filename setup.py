@@ -24,7 +24,8 @@ from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-CMAKE_INPUTS = ["CMakeLists.txt", "package.xml", "msg", "srv", "action", "scripts", "launch", "config", "oxygen_ros"]
+CMAKE_INPUTS = ["CMakeLists.txt", "package.xml", "msg", "srv", "action", "scripts", "launch", "config", "oxygen_ros",
+                "checkpoints"]
 
 
 class BinaryDistribution(Distribution):

@@ -14,7 +14,26 @@ from typing import Callable, Optional
 
 from .parameters import ConfigureError, Settings
 
-__all__ = ["BuiltEngine", "build_engine"]
+__all__ = ["BuiltEngine", "build_engine", "resolve_checkpoint", "SHIPPED"]
+
+# `checkpoint: demo` = the policy shipped with the package, trained on the simulation (checkpoints/demo/README.md)
+SHIPPED = ("demo",)
+
+
+def resolve_checkpoint(value: str) -> str:
+    """The checkpoint directory a ``checkpoint`` parameter names: a shipped name (``demo``: ``checkpoints/demo`` of
+    the source checkout or ``share/oxygen_ros/checkpoints/demo`` of the install) or a path (``~`` expanded)."""
+    if value in SHIPPED:
+        from pathlib import Path  # noqa: PLC0415
+        here = Path(__file__).resolve().parents[2] / "checkpoints" / value
+        if here.is_dir():
+            return str(here)
+        try:
+            from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
+            return os.path.join(get_package_share_directory("oxygen_ros"), "checkpoints", value)
+        except Exception:  # noqa: BLE001 - not installed: report the checkout path as missing
+            return str(here)
+    return os.path.expanduser(value)
 
 
 @dataclass
@@ -50,7 +69,7 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
         overrides["action_horizon"] = int(s.horizon)
     if s.denoise_steps > 0:
         overrides["num_denoise_steps"] = int(s.denoise_steps)
-    ckpt = os.path.expanduser(s.checkpoint)
+    ckpt = resolve_checkpoint(s.checkpoint) if s.checkpoint else ""
     norm_stats = None
     if ckpt:
         from oxygen_ros.model.checkpoint import CheckpointError  # noqa: PLC0415

@@ -134,7 +134,7 @@ class _ReusingFactory:
 
 class PipelinePolicy:
     """``sim.episode.Policy`` backed by the node's ``Pipeline``.  ``expert=True``: the scripted expert instead of a
-    model (``settings`` should then have absolute actions: ``delta_action_mask: []``)."""
+    model (``settings`` should then have absolute actions: ``delta_action_mask: []``), planning ``horizon`` rows."""
 
     def __init__(self, settings: Settings, *, expert: bool = False, expert_noise: float = 0.0,
                  horizon: int | None = None, language: LanguageLoad = LanguageLoad(), logger=None):
@@ -149,7 +149,7 @@ class PipelinePolicy:
         self.settings = settings
         self.expert = expert
         self.expert_noise = float(expert_noise)
-        self.horizon = int(horizon or settings.horizon or 20)
+        self._expert_horizon = int(horizon or settings.horizon or 20)
         self.language = language
         self.logger = logger or logging.getLogger("oxygen.lockstep")
         self._factory = _ReusingFactory()
@@ -158,6 +158,11 @@ class PipelinePolicy:
         self._ready_ns = EPOCH_NS
         self.language_log: list[dict] = []
         self.cycle_outcomes: dict = {}
+
+    @property
+    def horizon(self) -> int:
+        """Rows per chunk: the model's (the expert's ``horizon``)."""
+        return self.pipeline.horizon if self.pipeline is not None else self._expert_horizon
 
     # ---- episode ---------------------------------------------------------------------------------------------------
     def reset(self, spec, sim) -> None:
@@ -191,10 +196,10 @@ class PipelinePolicy:
     def _expert_factory(self, settings, *, on_actions, on_token, on_finished) -> BuiltEngine:
         from oxygen_ros.sim.expert import Expert, ExpertEngine  # noqa: PLC0415
 
-        engine = ExpertEngine(Expert(self.sim, self.spec, noise=self.expert_noise), self.horizon,
+        engine = ExpertEngine(Expert(self.sim, self.spec, noise=self.expert_noise), self._expert_horizon,
                               lambda: (self._ready_ns - EPOCH_NS) / 1e9, on_actions=on_actions)
         h, w = self.sim.camera_size
-        return BuiltEngine(engine, "scripted expert", len(JOINTS), self.horizon, len(JOINTS), max(h, w), 1)
+        return BuiltEngine(engine, "scripted expert", len(JOINTS), self._expert_horizon, len(JOINTS), max(h, w), 1)
 
     def act(self, obs: SimObservation, ready_t: float) -> list:
         p = self.pipeline

@@ -58,7 +58,8 @@ SLOT_TOPICS = ("camera/base/image_raw", "camera/left_wrist/image_raw", "camera/r
 PARAMS = {
     "task": ("reach", "Task of the episodes: reach | pick | transfer."),
     "seed": (0, "Seed of the first episode (the next ones count up)."),
-    "episodes": (0, "Episodes to run, then hold; 0 = forever."),
+    "episodes": (0, "Episodes to run, then hold until ~/reset; 0 = forever."),
+    "autostart": (True, "Start the first episode at once; false = hold until ~/reset (an evaluator starts them)."),
     "clock": ("realtime", "realtime (physics follow the wall clock x real_time_factor) | lockstep (sim time waits "
                           "for the policy at each camera frame; deterministic)."),
     "real_time_factor": (0.5, "realtime: sim seconds per wall second (<= 1)."),
@@ -97,6 +98,8 @@ class SimNode(Node):
             bad.append(f"camera_rate_hz {p['camera_rate_hz']} (must divide 50 Hz)")
         if int(p["camera_size"]) < 8 or int(p["delay_steps"]) < 0 or int(p["episodes"]) < 0:
             bad.append("camera_size >= 8, delay_steps >= 0, episodes >= 0")
+        if not p["autostart"] and int(p["episodes"]) < 1:
+            bad.append("autostart false needs episodes >= 1 (episodes per ~/reset)")
         if bad:
             raise ValueError("bad parameter(s): " + "; ".join(bad))
         self.p = p
@@ -192,7 +195,8 @@ class SimNode(Node):
             else 10 ** 9
         now_ns = EPOCH_NS
         self._pub_clock(now_ns)
-        task, seed, count = p["task"], int(p["seed"]), 0
+        task, seed = p["task"], int(p["seed"])
+        count = 0 if p["autostart"] else int(p["episodes"])          # not autostarting = waiting for ~/reset
         wall0, sim0 = time.monotonic(), 0.0
         while not self.stop.is_set():
             if p["episodes"] and count >= p["episodes"]:
@@ -261,9 +265,14 @@ class SimNode(Node):
                 self.stats["stale"] = stale
                 self.pub_exec.publish(joint_state_msg(self.joints, cmd, now_ns))
                 sim.step(cmd)
-                monitor.update()
                 step += 1
                 now_ns += int(round(self.dt * 1e9))
+                if sim.unstable:
+                    detail = "physics unstable"
+                    log.warning(f"episode {eid}: the physics diverged under the commands (MuJoCo reset the "
+                                "state); episode ended as failed")
+                    break
+                monitor.update()
                 if step % status_every == 0:
                     self.pub_status.publish(episode_status_msg(
                         now_ns, elapsed=step * self.dt, done=False, success=monitor.success,

@@ -73,12 +73,14 @@ class EpisodeResult:
     stale_steps: int = 0
     max_reward: int = 0
     error: str = ""
+    error_kind: str = ""                               # e.g. "physics unstable" (an outcome, not a crash)
 
     def to_dict(self) -> dict:
         return {"task": self.spec.task, "seed": self.spec.seed, "instruction": self.spec.instruction,
                 "success": self.success, "success_time": self.success_time, "duration_s": self.duration_s,
                 "steps": len(self.actions), "policy_calls": len(self.chunk_times), "rejected": dict(self.rejected),
-                "stale_steps": self.stale_steps, "max_reward": self.max_reward, "error": self.error}
+                "stale_steps": self.stale_steps, "max_reward": self.max_reward, "error": self.error,
+                "ended": self.error_kind or ("success" if self.success else "timeout")}
 
 
 def frame_key(t: float) -> int:
@@ -131,6 +133,9 @@ def run_episode(sim: AlohaScene, spec: TaskSpec, policy: Policy, config: Episode
         if on_step is not None:
             on_step(t, state, cmd, monitor)
         sim.step(cmd)
+        if sim.unstable:                      # the commands made the physics diverge: a failed episode, said so
+            res.error_kind = "physics unstable"
+            break
         monitor.update()
         if monitor.success and config.stop_on_success and sim.time >= monitor.success_time + config.tail_s - 1e-9:
             break

@@ -175,6 +175,7 @@ class AlohaScene:
         mujoco.mj_resetData(m, d)
         self.spec = spec
         self.steps = 0
+        self.unstable = False
         pose = START_POSE if arm_pose is None else np.asarray(arm_pose, dtype=np.float64)
         ctrl = self.action_to_ctrl(pose)
         for a, off in (("left", 0), ("right", 8)):
@@ -216,10 +217,16 @@ class AlohaScene:
         return np.clip(ctrl, self.ctrl_low, self.ctrl_high)
 
     def step(self, action) -> None:
-        """One control step: the actuators' targets from ``action`` (14), then ``substeps`` physics steps."""
+        """One control step: the actuators' targets from ``action`` (14), then ``substeps`` physics steps.  If the
+        physics diverge (MuJoCo's bad-acceleration warning: it then resets the state by itself), ``unstable`` is
+        set; the episode runners end the episode as failed."""
         self.data.ctrl[:] = self.action_to_ctrl(action)
         mujoco.mj_step(self.model, self.data, nstep=self.substeps)
         self.steps += 1
+        if self.data.warning[mujoco.mjtWarning.mjWARN_BADQACC].number > 0:
+            self.unstable = True
+
+    unstable: bool = False
 
     # ---- observation -----------------------------------------------------------------------------------------------
     def state(self) -> np.ndarray:

@@ -1,13 +1,16 @@
-"""``oxygen demo``: the project's main job, end to end on one machine in about half a minute.
+"""``oxygen demo`` (``make demo``): the project's main job, end to end on one machine in a few minutes.
 
-This file owns the demo.  It writes a fresh synthetic multi-camera bag (``out/demo_bag``), starts ``oxygen_node`` as a
-child process with ``config/oxygen.yaml`` (tiny random-weight model unless ``--checkpoint`` is given), replays the
-bag in a loop through rclpy (restamped, like live cameras), asks a few conversation questions, and prints one status
-line per second (control rate, action frequency, chunks/s, tokens/s, KV use, active requests, observation age) plus
-the streamed answers as they finish.  After ``--duration`` seconds it stops everything, prints a summary, and writes
-``out/demo_timeline.png`` (action-chunk arrivals and inter-arrival times, token arrivals per request, inference
-latency and observation age) and ``out/demo_summary.json``.  Random weights produce meaningless actions and text; the
-timing and the plumbing are real.  To run a real model: ``oxygen demo --checkpoint /path/to/pi05_checkpoint``.
+This file owns the demo.  By default it runs the closed loop as a robot would: ``sim_node`` (the simulated ALOHA:
+three cameras, joint states, ``/clock``; ``clock: realtime`` at ``--real-time-factor``) and ``oxygen_node`` (the shipped
+demo policy, ``checkpoint: demo``, in ``oxygen`` engine mode, on sim time) as separate processes over DDS, and walks
+through ``--episodes`` episodes of each task (reach, pick, transfer; seeds never used in training).  The terminal shows
+each episode's instruction and outcome, one status line per second (control rate, inference cycles/s, action
+frequency, tokens/s, KV use), every scene question with the model's answer and the ground truth (asked on
+``conversation/prompt`` while the robot works) and every memory entry with the ground truth.  It writes
+``out/demo.mp4`` (the three cameras, the executed joint commands, the questions and answers), ``out/demo_timeline.png``
+(chunk arrivals, tokens per request, latency) and ``out/demo_summary.json``.  ``--checkpoint`` runs another policy
+(``""`` with ``--preset``: random weights); ``--bag PATH`` (or ``--bag synthetic``) runs the older open-loop demo: the
+node fed by a replayed bag.
 """
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ QUESTIONS = ("What do you see on the table?", "Where is the red block?", "What s
              "Is the bowl empty?")
 
 RANDOM_NOTE = ("NOTE: this runs a RANDOM-WEIGHT model (preset {preset}): actions and text are meaningless; the "
-               "timing, topics and KV sharing are real.\n      For a real pi0.5: oxygen demo --checkpoint "
-               "/path/to/checkpoint   (openpi/LeRobot safetensors + norm stats; see README).")
+               "timing, topics and KV sharing are real.\n      For a trained policy: oxygen demo (the shipped demo "
+               "checkpoint) or --checkpoint /path/to/checkpoint (see README).")
 
 
 def _level(d, name):
@@ -32,28 +35,43 @@ def _level(d, name):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="oxygen demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of live run (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=2, help="episodes per task (default: %(default)s)")
+    p.add_argument("--tasks", default="reach,pick,transfer", help="tasks, in order (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=900_000, help="first seed (training used 100000..; default %(default)s)")
+    p.add_argument("--real-time-factor", type=float, default=0.5, help="sim seconds per wall second (<= 1)")
     p.add_argument("--out", default="out", help="output folder (default: %(default)s)")
-    p.add_argument("--checkpoint", default="", help="pi0.5 checkpoint directory (default: random weights)")
+    p.add_argument("--checkpoint", default="demo", help="policy checkpoint (default: the shipped demo policy; "
+                                                        "\"\" = random weights of --preset)")
     p.add_argument("--preset", default="tiny", help="model preset without checkpoint (default: %(default)s)")
+    p.add_argument("--engine-mode", default="oxygen", choices=("oxygen", "shared", "isolated"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--bag", default="", help="replay this bag instead of making a synthetic one")
+    p.add_argument("--bag", default="", help="the open-loop demo instead: replay this bag (or `synthetic`)")
+    p.add_argument("--duration", type=float, default=20.0, help="--bag: seconds of live run (default: %(default)s)")
     p.add_argument("--horizon", type=int, default=50,
-                   help="action horizon for random weights (default 50 = pi0.5's; ignored with a checkpoint)")
-    p.add_argument("--params-file", default="", help="node parameter YAML (default: config/oxygen.yaml)")
+                   help="--bag: action horizon for random weights (default 50 = pi0.5's)")
+    p.add_argument("--params-file", default="", help="node parameter YAML (default: config/sim_aloha.yaml, "
+                                                     "--bag: config/oxygen.yaml)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-video", action="store_true")
     a = p.parse_args(argv)
+    if a.bag:
+        return _bag_demo(a)
+    from .sim_demo import run  # noqa: PLC0415
+    return run(a)
 
+
+def _bag_demo(a) -> int:
+    """The node fed by a replayed bag (``--bag PATH`` or ``--bag synthetic``) on wall time."""
     from oxygen_ros.tools.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
     from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
 
     isolate_dds()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    print("oxygen demo: node + replayed synthetic bag + conversation, live metrics", flush=True)
+    print("oxygen demo --bag: node + replayed bag + conversation, live metrics", flush=True)
     if not a.checkpoint:
         print(RANDOM_NOTE.format(preset=a.preset), flush=True)
-    if a.bag:
+    if a.bag != "synthetic":
         bag = Path(a.bag)
     else:
         t = time.monotonic()

@@ -79,14 +79,17 @@ def _fmt(v) -> str:
 
 class NodeProcess:
     """``python -m oxygen_ros.ros.node --ros-args --params-file <params_file> -p k:=v ...`` as a child process in its
-    own session, logging to ``log_path`` (truncated, or appended with ``append=True`` so restarts share one log)."""
+    own session, logging to ``log_path`` (truncated, or appended with ``append=True`` so restarts share one log).
+    ``module``: another node's module (e.g. ``oxygen_ros.ros.sim_node``; no params file unless given)."""
 
     def __init__(self, log_path, params: dict | None = None, params_file=None, *, namespace: str = "",
-                 remaps: dict | None = None, extra_args=(), append: bool = False, cwd=None):
+                 remaps: dict | None = None, extra_args=(), append: bool = False, cwd=None,
+                 module: str = "oxygen_ros.ros.node"):
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "oxygen_ros.ros.node", "--ros-args", "--params-file",
-               str(params_file or default_params_file())]
+        cmd = [sys.executable, "-m", module, "--ros-args"]
+        if module == "oxygen_ros.ros.node" or params_file:
+            cmd += ["--params-file", str(params_file or default_params_file())]
         for k, v in (params or {}).items():
             cmd += ["-p", f"{k}:={_fmt(v)}"]
         if namespace:
@@ -220,8 +223,9 @@ class Monitor:
         for st in arr.status:
             lvl = st.level[0] if isinstance(st.level, (bytes, bytearray)) else int(st.level)
             d[st.name] = (lvl, st.message, {kv.key: kv.value for kv in st.values})
-        with self.lock:
-            self.diag, self.diag_t = d, time.monotonic()
+        with self.lock:                     # merged by status name: other nodes (sim_node) publish here too
+            self.diag.update(d)
+            self.diag_t = time.monotonic()
 
     def ask(self, text: str) -> None:
         self.prompt_pub.publish(self._String(data=text))

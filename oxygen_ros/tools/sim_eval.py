@@ -193,6 +193,26 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def run_realtime(common: dict, cells: list[dict], tasks: list[str], seeds, rtf: float, quiet: bool = False) -> list:
+    """``--clock realtime``: each cell's episodes through sim_node + oxygen_node over DDS, one cell after another
+    (``tools/sim_realtime.py``); a cell whose processes fail marks its episodes incomplete."""
+    from .sim_realtime import RealtimeCell  # noqa: PLC0415
+
+    prog = _Progress(len(cells) * len(tasks) * len(seeds), quiet)
+    out = []
+    for cell in cells:
+        try:
+            eps = RealtimeCell(common, cell, Path(common["out"]) / "logs", rtf).run(tasks, list(seeds), prog.tick)
+        except Exception as exc:  # noqa: BLE001 - one broken cell never stops the grid
+            print(f"\ncell {cell['name']} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            eps = [{"task": t, "seed": int(s), "error": f"{type(exc).__name__}: {exc}"} for t in tasks for s in seeds]
+        for e in eps:
+            e["cell"] = cell["name"]
+        out += eps
+    prog.close()
+    return out
+
+
 def run_grid(common: dict, cells: list[dict], tasks: list[str], seeds, workers: int, video: bool,
              quiet: bool = False) -> list[dict]:
     """Every (cell, task, seed) episode -> the list of episode dicts (each with its cell's key)."""
@@ -368,7 +388,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="injected inference delays, ms (rounded to 20 ms control steps)")
     ap.add_argument("--language", type=_csv(conv=lambda x: (parse_language(x), x)[1]), default=["none"],
                     help="language loads: none | q<s> | m<s> | q<s>m<s> (question / memory request periods)")
-    ap.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    ap.add_argument("--workers", type=int, default=1, help="parallel worker processes (lockstep)")
+    ap.add_argument("--clock", choices=("lockstep", "realtime"), default="lockstep",
+                    help="lockstep: in-process, modelled delay, deterministic; realtime: sim_node + oxygen_node over "
+                         "DDS, the engine's real compute time is the delay")
+    ap.add_argument("--real-time-factor", type=float, default=0.5,
+                    help="realtime: sim seconds per wall second (state it with the results)")
     ap.add_argument("--camera-size", type=int, default=96)
     ap.add_argument("--camera-rate", type=float, default=10.0)
     ap.add_argument("--horizon", type=int, default=20, help="the expert's chunk rows (models use their own H)")
@@ -401,6 +426,8 @@ def main(argv=None) -> int:
         ap.error(f"--camera-rate must divide the control rate {1 / CONTROL_DT:g} Hz")
     if o.workers < 1 or o.camera_size < 8 or any(d < 0 for d in o.delay_ms):
         ap.error("--workers >= 1, --camera-size >= 8, delays >= 0")
+    if o.clock == "realtime" and (o.policy == "expert" or o.workers > 1 or not 0 < o.real_time_factor <= 1):
+        ap.error("--clock realtime: a model policy (not expert), --workers 1, 0 < --real-time-factor <= 1")
     if o.policy not in ("expert", "random") and not Path(o.policy).is_dir():
         ap.error(f"--policy must be expert, random or a checkpoint directory; {o.policy!r} is none of them")
     try:
@@ -414,11 +441,15 @@ def main(argv=None) -> int:
               "camera_every": int(round(every)), "horizon": o.horizon, "out": str(out)}
     config = {k: v for k, v in common.items() if k != "out"}
     config.update(tasks=o.task, seeds=f"{o.seeds.start}:{o.seeds.stop}", workers=o.workers,
-                  camera_rate=o.camera_rate, clock="lockstep",
+                  camera_rate=o.camera_rate, clock=o.clock,
+                  real_time_factor=o.real_time_factor if o.clock == "realtime" else None,
                   grid={"engine_mode": o.engine_mode, "chunking": o.chunking, "delay_ms": o.delay_ms,
                         "language": o.language})
     t0 = time.perf_counter()
-    episodes = run_grid(common, cells, o.task, o.seeds, o.workers, not o.no_video, o.quiet)
+    if o.clock == "realtime":
+        episodes = run_realtime(common, cells, o.task, o.seeds, o.real_time_factor, o.quiet)
+    else:
+        episodes = run_grid(common, cells, o.task, o.seeds, o.workers, not o.no_video, o.quiet)
     table = _write_outputs(out, config, _summarise(cells, episodes), episodes, time.perf_counter() - t0)
     print(table)
     bad = [e for e in episodes if e.get("error")]

@@ -49,6 +49,7 @@ class TrainOptions:
     grad_clip: float = 1.0
     text_weight: float = 0.5
     bf16: bool = False
+    compile: bool = False                  # torch.compile the training step (inductor; minutes to build, then faster)
     augment: bool = False
     seed: int = 0
     val_fraction: float = 0.05
@@ -198,6 +199,8 @@ class Trainer:
                 n for n, t in list(self.step_fn.named_parameters()) + list(self.step_fn.named_buffers())
                 if t.stride() and 0 in t.stride()])
             self.step_fn = DDP(self.step_fn)
+        if o.compile:
+            self.step_fn = torch.compile(self.step_fn)
         self.rng = np.random.default_rng(o.seed)
         self.gen = torch.Generator().manual_seed(o.seed)
         self.step = 0

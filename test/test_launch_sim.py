@@ -1,0 +1,128 @@
+"""launch_pytest test of ``launch/sim.launch.py``: the simulated robot (``sim_node``) and the policy node
+(``oxygen_node``, tiny random weights) in closed loop over DDS, through the real ROS 2 ``launch``.
+
+Checked for a few seconds of sim time: the cameras and ``joint_states`` arrive; ``/clock`` drives the policy node
+(its chunks are stamped in sim time, far from wall time); the trajectories the node sends are executed (every
+``executed_action`` command is the newest trajectory interpolated at that time, and the joints move toward the
+commands); trajectories with unknown joint names or NaN are rejected, counted in the simulation's diagnostics and
+never executed; after launch shuts down both processes exited with status 0 and nothing the test started survives.
+Skipped with the reason when ``launch_pytest`` or MuJoCo is not installed."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+launch_pytest = pytest.importorskip(
+    "launch_pytest",
+    reason="ROS 2 launch/launch_pytest are not installed (not on PyPI): `make setup ROS_LAUNCH_WHEELS=<dir of the "
+           "launch wheels>` (.ci/run does it when ../shared/ros-launch exists) or source a ROS 2 install")
+import oxygen_ros.sim  # noqa: E402,F401 - MUJOCO_GL before mujoco
+
+pytest.importorskip("mujoco", reason="the simulation needs mujoco (requirements.txt)")
+
+from conftest import require_ros  # noqa: E402
+from test_launch_oxygen import UP_TIMEOUT_S, LaunchedProcesses, _check_clean_exit, _describe  # noqa: E402
+
+require_ros()
+from builtin_interfaces.msg import Duration  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from sensor_msgs.msg import Image, JointState  # noqa: E402
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint  # noqa: E402
+
+from oxygen_ros.msg import ActionChunk  # noqa: E402
+from oxygen_ros.sim.scene import JOINTS  # noqa: E402
+
+SIM_EPOCH_S = 1000.0        # sim_node's clock starts here
+
+
+@pytest.fixture
+def launched():
+    return LaunchedProcesses()
+
+
+@launch_pytest.fixture
+def sim_launch(process_watch, launched):
+    return _describe(launched, "sim.launch.py", {"preset": "tiny", "task": "reach", "real_time_factor": "0.5",
+                                                 "camera_size": "48", "log_level": "warn"})
+
+
+def _ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def _interp(tr: JointTrajectory, t_ns: int) -> np.ndarray:
+    """A JointTrajectory (in JOINTS order) interpolated at t_ns, as the joint_trajectory_controller does."""
+    times = np.array([_ns(p.time_from_start) for p in tr.points], dtype=np.float64) + _ns(tr.header.stamp)
+    pos = np.array([p.positions for p in tr.points])
+    order = [list(tr.joint_names).index(n) for n in JOINTS]
+    return np.array([np.interp(t_ns, times, pos[:, j]) for j in order])
+
+
+@pytest.mark.launch(fixture=sim_launch)
+def test_sim_launch_closes_the_loop_and_rejects_bad_trajectories(ros, process_watch, launched):
+    frames = ros.collect(Image, "/camera/base/image_raw", qos=10, keep=50)
+    states = ros.collect(JointState, "/joint_states", qos=200, keep=2000)
+    cmds = ros.collect(JointState, "/executed_action", qos=200, keep=2000)
+    trajs = ros.collect(JointTrajectory, "/joint_trajectory", qos=50, keep=500)
+    chunks = ros.collect(ActionChunk, "/action_chunk", qos=50, keep=50)
+    diags = ros.collect(DiagnosticArray, "/diagnostics", qos=20, keep=100)
+    try:
+        assert ros.wait_for(lambda: len(trajs) >= 15, UP_TIMEOUT_S), f"{len(trajs)} trajectories from the node"
+        assert frames and states and chunks
+        # /clock drives the node: its chunks start in sim time
+        for _, m in list(chunks)[-5:]:
+            assert SIM_EPOCH_S <= m.start_time.sec < SIM_EPOCH_S + 3600, m.start_time
+        # bad trajectories: unknown joints, NaN - rejected, counted, never executed
+        pub = ros.publisher(JointTrajectory, "/joint_trajectory", qos=10)
+        for names, value in ((["elbow_of_someone_else"] + list(JOINTS[1:]), 0.0), (list(JOINTS), math.nan)):
+            bad = JointTrajectory(joint_names=names)
+            bad.header.stamp = cmds[-1][1].header.stamp
+            bad.points = [JointTrajectoryPoint(positions=[value] * 14, time_from_start=Duration(sec=0))]
+            pub.publish(bad)
+
+        def rejected() -> dict:
+            for _, d in reversed(list(diags)):
+                for st in d.status:
+                    if st.name.startswith("oxygen_sim"):
+                        return {kv.key: kv.value for kv in st.values}
+            return {}
+        assert ros.wait_for(lambda: int(rejected().get("trajectories_rejected", 0)) >= 2, 20.0), rejected()
+        r = rejected()
+        assert r.get("rejected.unknown_joint") == "1" and r.get("rejected.not_finite") == "1", r
+        n0 = len(trajs)
+        assert ros.wait_for(lambda: len(trajs) >= n0 + 5, 30.0)
+        tr, cm, st = [m for _, m in list(trajs)], [m for _, m in list(cmds)], [m for _, m in list(states)]
+    finally:
+        for c in (frames, states, cmds, trajs, chunks, diags):
+            ros.uncollect(c)
+    good = [t for t in tr if all(n in JOINTS for n in t.joint_names) and t.points and
+            all(math.isfinite(v) for p in t.points for v in p.positions)]
+    assert all(np.all(np.isfinite(m.position)) for m in cm), "a NaN trajectory was executed"
+    # every command once a trajectory ran is a policy trajectory interpolated at that sim time: the newest by stamp,
+    # or the one before it while the newest was still on its way (the node stamps a trajectory with the time its
+    # first point is due, and DDS delivers it a little later; the robot switches when it has it)
+    stamps = np.array([_ns(t.header.stamp) for t in good])
+    checked = matched = 0
+    for m in cm:
+        t = _ns(m.header.stamp)
+        k = np.searchsorted(stamps, t, side="right") - 1
+        if k < 1 or t - stamps[k] > 0.4e9:
+            continue
+        checked += 1
+        matched += any(np.allclose(_interp(good[j], t), m.position, atol=1e-6) for j in (k, k - 1))
+    assert checked > 20 and matched >= 0.95 * checked, (matched, checked)
+    # the joints move toward the commands: the error shrinks within 0.2 s of sim time where it was large
+    state_at = {_ns(s.header.stamp): np.asarray(s.position) for s in st}
+    shrink = []
+    for m in cm:
+        t = _ns(m.header.stamp)
+        if t in state_at and t + 200_000_000 in state_at:
+            e0 = np.abs(state_at[t] - m.position)[:6]
+            e1 = np.abs(state_at[t + 200_000_000] - m.position)[:6]
+            big = e0 > 0.05
+            shrink += list(e1[big] < e0[big])
+    assert len(shrink) > 10 and np.mean(shrink) > 0.7, (len(shrink), np.mean(shrink) if shrink else None)
+    yield
+    _check_clean_exit(launched, process_watch)
