@@ -1,8 +1,9 @@
 # The two commands of the README, each doing all set-up itself on a fresh machine:
-#   make demo   - the main job: the node on a tiny random-weight model fed by a replayed synthetic bag, live metrics
+#   make demo   - the main job: the simulated robot (sim_node) driven by the shipped demo policy (oxygen_node), live
 #   make test   - the test suite (what .ci/run runs)
 # Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench,
-# make golden (regenerate the bag-eval golden output, test/bag_golden.py), make clean.
+# make golden (regenerate the bag-eval golden output, test/bag_golden.py), make train-demo (reproduce the shipped
+# demo policy: record expert episodes, train, copy into checkpoints/demo), make eval-demo (its evaluation), make clean.
 # ROS_LAUNCH_WHEELS=<dir>: also install the ROS 2 launch tooling wheels in <dir> (launch, launch_ros, launch_pytest,
 #   ros2launch, ...; not on PyPI, see <dir>/README.md) so test/test_launch_*.py run; .ci/run sets it when
 #   ../shared/ros-launch exists. Unset: launch comes from a ROS install, or those tests skip visibly.
@@ -18,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg srv action oxygen_ros launch config scripts checkpoints -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: setup test demo bench ros-bench golden clean
+.PHONY: setup test demo bench ros-bench golden train-demo eval-demo clean
 setup: $(VENV)/.package-stamp $(if $(ROS_LAUNCH_WHEELS),$(VENV)/.launch-stamp)
 
 # Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
@@ -52,6 +53,22 @@ bench: setup
 
 ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
+
+# The shipped demo policy, reproduced (checkpoints/demo/README.md has the measured times): 900 expert episodes
+# (seeds 100000-100299 per task; the second half with detour noise) -> train -> checkpoints/demo.
+DATA ?= data
+RUN ?= runs/demo
+TRAIN_ARGS ?= --preset demo --steps 3600 --batch-size 32 --lr 3e-4 --warmup 200 --bf16 --compile --threads 2 \
+	--val-fraction 0.03 --ckpt-every 600 --val-every 400
+train-demo: setup
+	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_a --seeds 100000:100150 --overwrite --quiet
+	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_b --seeds 100150:100300 --noise 0.03 --overwrite --quiet
+	$(VENV)/bin/oxygen train $(DATA)/train_a $(DATA)/train_b --out $(RUN) $(TRAIN_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN) checkpoints/demo
+
+# The demo policy's evaluation on unseen seeds (lockstep), recorded under bench/results/.
+eval-demo: setup
+	$(VENV)/bin/oxygen sim-eval --policy demo --task reach,pick,transfer --seeds 0:100 --workers 2 $(EVAL_ARGS)
 
 # Only when a change of the node's outputs is intended (see test/bag_golden.py and the README).
 golden: setup

@@ -379,7 +379,8 @@ def _parser() -> argparse.ArgumentParser:
     from .sim_record import parse_seeds  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="oxygen sim-eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", default="expert", help="expert | random | a checkpoint directory")
+    ap.add_argument("--policy", default="expert", help="expert | random | demo (the shipped policy) | a checkpoint "
+                                                       "directory")
     ap.add_argument("--task", type=_csv(TASKS), default=list(TASKS), help="comma-separated tasks")
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0:10"), help="seed range A:B (default 0:10)")
     ap.add_argument("--engine-mode", type=_csv(("oxygen", "shared", "isolated")), default=["oxygen"])
@@ -428,8 +429,12 @@ def main(argv=None) -> int:
         ap.error("--workers >= 1, --camera-size >= 8, delays >= 0")
     if o.clock == "realtime" and (o.policy == "expert" or o.workers > 1 or not 0 < o.real_time_factor <= 1):
         ap.error("--clock realtime: a model policy (not expert), --workers 1, 0 < --real-time-factor <= 1")
+    from oxygen_ros.ros.engine_factory import SHIPPED, resolve_checkpoint  # noqa: PLC0415
+    if o.policy in SHIPPED:
+        o.policy = resolve_checkpoint(o.policy)
     if o.policy not in ("expert", "random") and not Path(o.policy).is_dir():
-        ap.error(f"--policy must be expert, random or a checkpoint directory; {o.policy!r} is none of them")
+        ap.error(f"--policy must be expert, random, demo (the shipped policy) or a checkpoint directory; "
+                 f"{o.policy!r} is none of them")
     try:
         overrides = parse_overrides(o.overrides)
         from oxygen_ros.ros.lockstep import sim_settings  # noqa: PLC0415
