@@ -49,7 +49,7 @@ from .engine_factory import build_engine
 from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
 from .memory_services import MemoryServices
 from .parameters import (PARAMETERS, SLOT_NAMES, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor,
-                         ros_args, stray_args)
+                         ros_args, refuse_stray_args)
 from .pipeline import Pipeline
 
 __all__ = ["OxygenNode", "main", "PARAMETERS"]
@@ -527,11 +527,7 @@ def _hard_exit(code: int) -> None:
 def main(argv=None, engine_factory=None) -> int:
     """Entry point of ``oxygen_node`` / ``oxygen node``.  ``argv``: ROS arguments (``--ros-args ...``)."""
     args = list(sys.argv if argv is None else ["oxygen_node", *argv])
-    stray = stray_args(args)
-    if stray:
-        print(f"usage: oxygen_node [-h] [--ros-args ...]\noxygen_node: error: unrecognized arguments: "
-              f"{' '.join(stray)} (node options go after --ros-args, e.g. --ros-args -p name:=value)",
-              file=sys.stderr)
+    if refuse_stray_args("oxygen_node", args):
         return 2
     if any(a in ("-h", "--help") for a in args[1:]) and "--ros-args" not in args:
         print(__doc__.strip())

@@ -17,7 +17,7 @@ import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
            "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
-           "OUTPUTS", "CHUNKING", "stray_args", "package_config"]
+           "OUTPUTS", "CHUNKING", "stray_args", "refuse_stray_args", "package_config"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
 BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
@@ -327,6 +327,16 @@ def stray_args(argv: list) -> list:
         if a not in ("-h", "--help"):
             out.append(a)
     return out
+
+
+def refuse_stray_args(prog: str, argv: list) -> bool:
+    """Print a usage error (stderr) and return True when ``argv`` has ``stray_args``; the caller exits 2."""
+    stray = stray_args(argv)
+    if stray:
+        import sys  # noqa: PLC0415
+        print(f"usage: {prog} [-h] [--ros-args ...]\n{prog}: error: unrecognized arguments: {' '.join(stray)} "
+              "(node options go after --ros-args, e.g. --ros-args -p name:=value)", file=sys.stderr)
+    return bool(stray)
 
 
 def ros_args(argv: list) -> list:

@@ -46,7 +46,7 @@ from oxygen_ros.srv import ResetEpisode
 
 from .messages import time_msg
 from .node import _ShutdownRequest, _hard_exit
-from .parameters import ros_args, stray_args
+from .parameters import refuse_stray_args, ros_args
 from .sim_io import camera_msg, episode_status_msg, joint_state_msg, stamp_s, text_target_msg, trajectory_from_msg
 
 __all__ = ["SimNode", "main", "PARAMS"]
@@ -350,11 +350,7 @@ class SimNode(Node):
 
 def main(argv=None) -> int:
     args = list(sys.argv if argv is None else ["sim_node", *argv])
-    stray = stray_args(args)
-    if stray:
-        print(f"usage: sim_node [-h] [--ros-args ...]\nsim_node: error: unrecognized arguments: "
-              f"{' '.join(stray)} (node options go after --ros-args, e.g. --ros-args -p name:=value)",
-              file=sys.stderr)
+    if refuse_stray_args("sim_node", args):
         return 2
     if any(a in ("-h", "--help") for a in args[1:]) and "--ros-args" not in args:
         print(__doc__.strip())

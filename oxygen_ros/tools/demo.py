@@ -162,18 +162,14 @@ def _bag_demo(a) -> int:
     rclpy.try_shutdown()
 
     # ---- summary ---------------------------------------------------------------------------------------------
+    chunks, tokens, new_chunk = mon.window(t_start, t_end)
     with mon.lock:
-        chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
-        tokens = [x for x in mon.tokens if t_start <= x[0] <= t_end]
         responses = list(mon.responses)
         memory = list(mon.memory)
         diag = dict(mon.diag)
     dur = max(1e-6, t_end - t_start)
     arr = np.array([c[0] for c in chunks])
     gaps = np.diff(arr) * 1e3 if arr.size > 1 else np.array([])
-    new_chunk = {}
-    for c in chunks:
-        new_chunk.setdefault(c[3], c)
     summary = {
         "duration_s": dur, "model": "checkpoint " + a.checkpoint if a.checkpoint else f"random {a.preset}",
         "control_rate_hz": len(chunks) / dur, "control_interarrival_ms": stats_ms(gaps),

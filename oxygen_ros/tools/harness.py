@@ -230,6 +230,16 @@ class Monitor:
     def ask(self, text: str) -> None:
         self.prompt_pub.publish(self._String(data=text))
 
+    def window(self, t0: float, t1: float) -> tuple[list, list, dict]:
+        """(chunks, tokens, first message of each new chunk by chunk id) received in [t0, t1] (monotonic)."""
+        with self.lock:
+            chunks = [c for c in self.chunks if t0 <= c[0] <= t1]
+            tokens = [x for x in self.tokens if t0 <= x[0] <= t1]
+        new_chunk: dict = {}
+        for c in chunks:
+            new_chunk.setdefault(c[3], c)
+        return chunks, tokens, new_chunk
+
     def diag_value(self, key: str, default=None):
         with self.lock:
             for _, (_, _, vals) in self.diag.items():

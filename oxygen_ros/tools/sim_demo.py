@@ -98,13 +98,9 @@ def run(a) -> int:
         rclpy.try_shutdown()
 
     # ---- summary -------------------------------------------------------------------------------------------------
+    chunks, tokens, new_chunk = mon.window(t_start, t_end)
     with mon.lock:
-        chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
-        tokens = [x for x in mon.tokens if t_start <= x[0] <= t_end]
         responses = list(mon.responses)
-    new_chunk = {}
-    for c in chunks:
-        new_chunk.setdefault(c[3], c)
     dur = max(1e-6, t_end - t_start)
     ok = [r for r in results if r["success"]]
     right = [q for q in qa if q["ok"]]
