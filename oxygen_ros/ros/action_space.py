@@ -16,7 +16,9 @@ the robot, and the inverse needed by real-time chunking.  Pure numpy, no rclpy; 
   ``limit_steps(rows, prev)`` walks the rows in order, moving each one at most that far from the previous
   (already limited) row, starting from ``prev`` (the action the robot executed last; ``None`` = the first row is
   kept); it returns the limited rows and how many rows it changed.  Applied to the rows that will actually be
-  executed (after blending / the RTC switch), so the executed stream obeys it across chunk switches too.
+  executed (after blending / the RTC switch), so the executed stream obeys it across chunk switches too; the chunk
+  buffer adds anchors so that a JointTrajectory consumer (which switches at the new trajectory's stamp) sees no
+  larger step either (``ros/control.py``).
 """
 from __future__ import annotations
 
@@ -132,20 +134,32 @@ class ActionSpace:
         out = np.clip(a, lo, hi).astype(np.float32)
         return out, int(np.count_nonzero(np.any(out != a, axis=1)))
 
-    def limit_steps(self, rows, prev=None) -> tuple[np.ndarray, int]:
+    def limit_steps(self, rows, prev=None, anchors=()) -> tuple[np.ndarray, int]:
         """Rows with each step from the previous row (``prev`` before row 0) bounded by ``max_step``; the number of
-        rows changed."""
+        rows changed.  ``anchors``: (row index, reference) pairs - row ``i`` is also kept within ``max_step`` of each
+        of its references, as far as that is compatible with the step from the previous row (which always holds)."""
         a = np.asarray(rows, dtype=np.float32)
         if self.max_step is None or len(a) == 0:
             return a, 0
         out = a.astype(np.float64).copy()
         last = None if prev is None else np.asarray(prev, dtype=np.float64).reshape(-1)
+        extra: dict = {}
+        for i, ref in anchors:
+            extra.setdefault(int(i), []).append(np.asarray(ref, dtype=np.float64).reshape(-1))
         changed = 0
+        L = self.max_step
         for i in range(len(out)):
-            if last is not None:
-                row = np.clip(out[i], last - self.max_step, last + self.max_step)
-                if np.any(row != out[i]):
-                    changed += 1
-                out[i] = row
+            lo = np.full(self.dims, -np.inf) if last is None else last - L
+            hi = np.full(self.dims, np.inf) if last is None else last + L
+            for ref in extra.get(i, []):          # narrowed to each anchor's window while it overlaps; where one
+                nlo, nhi = np.maximum(lo, ref - L), np.minimum(hi, ref + L)   # does not, the point of the window
+                below, above = ref + L < lo, ref - L > hi                       # nearest to it (the step from the
+                nlo = np.where(below, lo, np.where(above, hi, nlo))            # previous row always holds)
+                nhi = np.where(below, lo, np.where(above, hi, nhi))
+                lo, hi = nlo, nhi
+            row = np.clip(out[i], lo, hi)
+            if np.any(row != out[i]):
+                changed += 1
+            out[i] = row
             last = out[i]
         return out.astype(np.float32), changed

@@ -26,12 +26,16 @@ executed action, flagged ``held``.  How a new chunk takes over from the previous
 
 Whatever the mode, the result is fixed at arrival, so all later samples are consistent; with a ``step_limit``
 (``ActionSpace.limit_steps``) the rows from ``index_at(ready_time)`` on are then limited step by step starting from
-the last executed action, so the per-step change limit also holds across chunk switches.  The buffer never decides
+the last executed action and, while the previous chunk is still running, anchored to the previous plan around the
+new chunk's first due time (``_limit_references``), so the per-step change limit also holds across chunk switches -
+for the ``action_chunk`` stream and for a joint_trajectory_controller, which switches to a new trajectory at its stamp
+and interpolates between points.  The buffer never decides
 staleness of observations itself: the node stops feeding it chunks from frames older than
 ``max_observation_age_s``; ``observation_age(now)`` reports the age of the newest chunk's frame.
 """
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from dataclasses import dataclass
@@ -69,6 +73,8 @@ class _Chunk:
     capture_ns: int = 0
     frame_id: str = ""
     blend_end: int = 0         # rows [.., blend_end) of this chunk are cross-faded with the previous remainder
+    start: float = 0.0         # when it takes over: its first executed row's due time (the trajectory's stamp), or
+                               # its arrival when that is later (rtc: the stamp may lie up to a step in the past)
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ class ChunkBuffer:
         self.time_origin = time_origin
         self._lock = threading.Lock()
         self._chunk: _Chunk | None = None
+        self._recent: collections.deque = collections.deque(maxlen=4)   # the chunks before, newest last
         self._last_action: np.ndarray | None = None
         self._last_sample: ControlSample | None = None
         self.chunks_pushed = 0
@@ -136,6 +143,57 @@ class ChunkBuffer:
     def _index_at(self, ch: _Chunk, t: float) -> int:
         # Row whose time slot contains t; a small epsilon keeps ticks that land exactly on a slot stable.
         return max(0, int(math.floor((t - ch.origin) / self.step_dt + 1e-6)))
+
+    def _plan_at(self, ch: _Chunk, t: float) -> np.ndarray:
+        """A chunk's plan at time t as a trajectory consumer executes it: its rows on their time grid, linearly
+        interpolated, the first / last row held before / after."""
+        x = (t - ch.origin) / self.step_dt
+        n = len(ch.actions)
+        if x <= 0:
+            return ch.actions[0].astype(np.float64)
+        if x >= n - 1:
+            return ch.actions[-1].astype(np.float64)
+        j = int(math.floor(x))
+        u = x - j
+        return (1 - u) * ch.actions[j].astype(np.float64) + u * ch.actions[j + 1].astype(np.float64)
+
+    def _limit_references(self, old: _Chunk | None, t0: float, t_switch: float):
+        """What a new chunk whose first executed row is due at ``t0`` must stay within the step limit of, so that the
+        executed command changes by at most the limit per control step whichever consumer executes it: the
+        ``action_chunk`` stream (``prev``: the action executed last) and a joint_trajectory_controller, which switches
+        to the new trajectory at ``t_switch`` (its stamp t0, or its arrival when that is later: rtc stamps may lie up
+        to a step in the past) and interpolates between points at any phase.  The controller's command over one
+        control period then compares the new plan at t with what it executed at s = t - step_dt, for s in
+        [t0 - step_dt, t_switch]; both are piecewise linear, so it suffices to bound the difference at the
+        breakpoints s (t0 - step_dt, t0, t_switch, the executed plans' row times and switches, both sides of a
+        switch): at each, the new rows around s + step_dt are anchored to what was executed at s.  Row 0 is also kept within the limit of the previous plan at t0 itself (what the robot was
+        doing at the switch).  Returns (prev, anchors) for ``ActionSpace.limit_steps``."""
+        if old is None or self._index_at(old, t0) >= len(old.actions):
+            return self._last_action, ()
+        dt = self.step_dt
+        chunks = [c for c in [*self._recent, old]]
+        breaks = [t0 - dt, t0, t_switch]
+        for c in chunks:                              # the executed plans' own row times in the window
+            j0 = math.floor((t0 - dt - c.origin) / dt)
+            breaks += [c.origin + j * dt for j in range(j0, j0 + 4) if t0 - dt < c.origin + j * dt < t_switch]
+            if t0 - dt < c.start <= t_switch:         # a switch: the command jumps there (both sides count)
+                breaks += [c.start - 1e-7, c.start]
+
+        def executed(t: float) -> np.ndarray:         # the newest chunk that had started by t (the controller's)
+            for c in reversed(chunks):
+                if c.start <= t:
+                    return self._plan_at(c, t)
+            return self._plan_at(chunks[0], t)
+
+        anchors = [(0, executed(t0))]
+        for s_ in breaks:
+            x = (s_ + dt - t0) / dt                   # position of s + dt among the new rows
+            ref = executed(s_)
+            for k in sorted({math.floor(x + 1e-6), math.ceil(x - 1e-6)}):
+                if k >= 0:
+                    anchors.append((k, ref))
+        prev = self._last_action if self._last_action is not None else executed(t0 - dt)
+        return prev, tuple(anchors)
 
     # -- API ----------------------------------------------------------------------------------------------------
     def snapshot(self, now: float) -> RTCSnapshot | None:
@@ -182,9 +240,14 @@ class ChunkBuffer:
                     self.chunks_blended += 1
                     blended = n
             if self.step_limit is not None and not expired:
-                rows, limited = self.step_limit(new.actions[k_new:], self._last_action)
+                prev, anchors = self._limit_references(old, new.origin + k_new * self.step_dt,
+                                                       max(new.origin + k_new * self.step_dt, float(ready_time)))
+                rows, limited = self.step_limit(new.actions[k_new:], prev, anchors)
                 new.actions[k_new:] = rows
                 self.step_limited_rows += limited
+            new.start = max(new.origin + k_new * self.step_dt, float(ready_time))   # a controller has it from then
+            if old is not None:
+                self._recent.append(old)
             self._chunk = new
         return PushInfo(k_new, rtc, blended, limited, expired)
 
@@ -232,5 +295,6 @@ class ChunkBuffer:
     def clear(self) -> None:
         with self._lock:
             self._chunk = None
+            self._recent.clear()
             self._last_action = None
             self._last_sample = None
