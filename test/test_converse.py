@@ -176,6 +176,35 @@ def test_goals_beyond_capacity_are_rejected_while_actions_keep_rate(cv):
     assert again.handle.accepted and again.result()[0] == GoalStatus.STATUS_SUCCEEDED
 
 
+def test_a_burst_of_goals_and_cancels_is_answered_in_full(cv):
+    """100 goals sent at once (a client with a deep queue): every one gets a goal response - accepted (up to
+    converse_max_goals at a time) or rejected with the reason counted - accepted ones finish, and a burst of cancels
+    is answered too.  (The server's default 10-deep goal queue dropped most of a burst of 20: clients hung.)"""
+    deep = QoSProfile(depth=1000)
+    client = ActionClient(cv.ros.node, Converse, "converse", goal_service_qos_profile=deep,
+                          cancel_service_qos_profile=deep, result_service_qos_profile=deep,
+                          feedback_sub_qos_profile=QoSProfile(depth=100))
+    try:
+        assert client.wait_for_server(timeout_sec=30)
+        before = cv.counter("converse_rejected.capacity") or 0
+        futs = [client.send_goal_async(Converse.Goal(prompt=f"burst {i}?", max_new_tokens=4)) for i in range(100)]
+        assert cv.ros.wait_for(lambda: all(f.done() for f in futs), 60), \
+            f"{sum(not f.done() for f in futs)} of 100 goals got no response"
+        handles = [f.result() for f in futs]
+        accepted = [h for h in handles if h.accepted]
+        assert 1 <= len(accepted) <= 100 and len(accepted) + sum(not h.accepted for h in handles) == 100
+        cancels = [h.cancel_goal_async() for h in accepted]
+        results = [h.get_result_async() for h in accepted]
+        assert cv.ros.wait_for(lambda: all(c.done() for c in cancels), 30), "cancel requests left unanswered"
+        assert cv.ros.wait_for(lambda: all(r.done() for r in results), 60), "accepted goals without a result"
+        assert all(r.result().status in (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED) for r in results)
+        rejected = 100 - len(accepted)
+        assert cv.ros.wait_for(lambda: (cv.counter("converse_rejected.capacity") or 0) - before == rejected, 10), \
+            f"counted {(cv.counter('converse_rejected.capacity') or 0) - before} capacity rejections, sent {rejected}"
+    finally:
+        client.destroy()
+
+
 def test_topic_prompts_carry_ids_and_drops_are_visible(cv):
     pub = cv.ros.publisher(String, "conversation/prompt", qos=1000)
     time.sleep(1.0)

@@ -12,6 +12,8 @@ order) and completes the future when the request ended.  The result is sent ``RE
 feedback: rclpy's ActionClient drops feedback that it takes after the result, and a busy client may still have
 feedback queued.  Cancel asks the engine to stop the request (``Pipeline.cancel``: honoured before the next decode, KV freed);
 the goal then ends CANCELED with the partial answer.  ``eos``/``length`` end SUCCEEDED, anything else ABORTED.
+The goal, cancel and result services queue ``SERVICE_QUEUE`` requests, so a burst of goals or cancels is answered
+in full (each goal accepted or rejected with its reason counted), never dropped.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import threading
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.qos import QoSProfile
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.task import Future
 
 from oxygen_ros.action import Converse
@@ -32,6 +34,15 @@ from .language import ResponseOut, TokenOut
 __all__ = ["ConverseServer", "RESULT_GRACE_S"]
 
 RESULT_GRACE_S = 0.05
+# The action's goal / cancel / result services keep this many requests.  rclpy's default (the services profile,
+# KEEP_LAST 10) let a burst of goals overflow the server's request queue: the oldest requests were dropped without
+# a response and those clients waited forever.  Every request must be answered (accepted or rejected), so the queue
+# is deep enough for any realistic burst (tested with 100 goals at once).
+SERVICE_QUEUE = 1000
+
+
+_SERVICE_QOS = QoSProfile(depth=SERVICE_QUEUE, reliability=ReliabilityPolicy.RELIABLE,
+                          history=HistoryPolicy.KEEP_LAST)
 
 
 class _Goal:
@@ -55,6 +66,8 @@ class ConverseServer:
         self._server = ActionServer(
             node, Converse, name, execute_callback=self._execute, goal_callback=self._on_goal,
             cancel_callback=self._on_cancel, callback_group=self._cb,
+            goal_service_qos_profile=_SERVICE_QOS, cancel_service_qos_profile=_SERVICE_QOS,
+            result_service_qos_profile=_SERVICE_QOS,
             feedback_pub_qos_profile=QoSProfile(depth=100), result_timeout=60)
 
     # ---------------------------------------------------------------------------------------------- goal callbacks
