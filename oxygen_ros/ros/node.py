@@ -108,11 +108,17 @@ class _Publishers:
             self.trajectory = None
 
     def chunk(self, c: ChunkOut) -> None:
-        # action_chunk: the control loop publishes the buffer's remainder at control_rate_hz
+        # action_chunk: the control loop publishes the buffer's remainder at control_rate_hz.  joint_trajectory: the
+        # chunk as the buffer holds it at the moment of publication (not at its ready time: the GIL or a busy core
+        # can delay this thread), so header.stamp - the start of the row slot containing now - is at most one
+        # control step before the publish call, whatever happened since the chunk was ready.
         st = self.node.settings
-        if self.trajectory is not None and c.view is not None and st is not None:
+        if self.trajectory is None or c.view is None or st is None or self.node.pipeline is None:
+            return
+        view = self.node.pipeline.buffer.view(self.node._now_ns() / 1e9)
+        if view is not None and view.chunk_id == c.chunk_id:
             self.publish(self.trajectory, messages.joint_trajectory(
-                c.view, step_dt=1.0 / st.control_rate_hz, joint_names=st.action_names))
+                view, step_dt=1.0 / st.control_rate_hz, joint_names=st.action_names))
 
 
 class OxygenNode(LifecycleNode):

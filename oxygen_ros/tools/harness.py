@@ -168,6 +168,7 @@ class Monitor:
         self.tokens: list = []          # (t, request_id, task, index, text, is_final, finish_reason)
         self.responses: list = []       # (t, text)
         self.memory: list = []          # (t, entry_id, text)
+        self.trajectories: list = []    # (t_recv_monotonic, recv_ros_ns, header stamp ns, points)
         self.diag: dict = {}            # name -> (level, message, values)
         self.diag_t = 0.0
         self.t0 = time.monotonic()
@@ -177,6 +178,8 @@ class Monitor:
         n.create_subscription(String, "conversation/response", self._on_response, 100)
         n.create_subscription(MemoryEntry, "memory/entries", self._on_memory, 100)
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 20)
+        from trajectory_msgs.msg import JointTrajectory  # noqa: PLC0415
+        n.create_subscription(JointTrajectory, "joint_trajectory", self._on_trajectory, 100)
         self.prompt_pub = n.create_publisher(String, "conversation/prompt", 10)
         self._String = String
         self.executor = SingleThreadedExecutor()
@@ -204,6 +207,12 @@ class Monitor:
             row0 = np.asarray(m.actions[:m.action_dim], dtype=np.float32)
             self.chunks.append((t, rn, hs, m.chunk_id, m.horizon, m.inference_latency_ms, m.observation_age_s, st,
                                 row0))
+
+    def _on_trajectory(self, m):
+        t, rn = time.monotonic(), self.now_ns()
+        with self.lock:
+            self.trajectories.append((t, rn, m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec,
+                                      len(m.points)))
 
     def _on_token(self, m):
         with self.lock:

@@ -6,7 +6,8 @@ restamping each frame with its publication time, and after ``--warmup`` seconds 
 the ``action_chunk`` rate and its jitter (inter-arrival p50/p99/max and |inter-arrival - period| at the receiver, and
 the node's own tick jitter from ``start_time``), and the
 camera-to-chunk latency (first arrival of each new chunk minus the capture stamp of the frame it was computed from,
-i.e. DDS in + queueing + inference + DDS out).  Both ends share this machine's clock.  Prints a table and writes
+i.e. DDS in + queueing + inference + DDS out) and how late ``joint_trajectory`` messages arrive relative to their
+``header.stamp`` (the node promises the stamp is at most one control step before publication; arrival adds DDS).  Both ends share this machine's clock.  Prints a table and writes
 JSON (``--out``, default ``out/ros_bench.json``).  Bounds are not asserted here; tests only check >= 80% of the rate.
 
 Smoothness (every run): the executed stream is row 0 of each ``action_chunk`` message (what the robot is commanded
@@ -115,7 +116,8 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
     from oxygen_ros.tools.harness import Monitor, NodeProcess, stats_ms  # noqa: PLC0415
     from oxygen_ros.tools.bags import BagReplayer  # noqa: PLC0415
 
-    params = {"control_rate_hz": a.control_rate, "memory_db": "", "memory_interval_s": 0.0, "device": a.device}
+    params = {"control_rate_hz": a.control_rate, "memory_db": "", "memory_interval_s": 0.0, "device": a.device,
+              "outputs": ["action_chunk", "joint_trajectory"]}
     if mode:
         params.update(chunking=mode, blend_steps=a.blend_steps if mode == "blend" else 0)
     if a.checkpoint:
@@ -161,7 +163,10 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
 
     with mon.lock:
         chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
+        trajs = [x for x in mon.trajectories if t_start <= x[0] <= t_end]
     period_ms = 1e3 / a.control_rate
+    # joint_trajectory: arrival (this process's ROS clock, the node's clock too: one machine) minus header.stamp
+    late = np.array([(x[1] - x[2]) / 1e6 for x in trajs])
     t = np.array([c[0] for c in chunks])
     gaps = np.diff(t) * 1e3 if t.size > 1 else np.array([])
     ticks = np.diff(np.array([c[7] for c in chunks], dtype=np.float64)) / 1e6 if len(chunks) > 1 else np.array([])
@@ -188,6 +193,9 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
         "tick_jitter_abs_ms": stats_ms(np.abs(ticks - period_ms)),
         "chunks_computed": len(first), "inference_rate_hz": len(first) / (t_end - t_start),
         "camera_to_chunk_ms": stats_ms(lat),
+        "trajectory_arrival_minus_stamp_ms": stats_ms(late),
+        "trajectories": len(trajs),
+        "trajectories_later_than_one_step": int(np.sum(late > period_ms)),
         "inference_latency_ms": stats_ms(c[5] for c in first.values()),
         "frame_age_at_cycle_start_ms_p50": frame_wait,
         "smoothness": smoothness(stream, period_ms / 1e3),
@@ -205,6 +213,8 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
          "start_time deltas, node side"),
         ("new chunks (inference)", f"{res['inference_rate_hz']:.1f} /s", f"{len(first)} chunks"),
         ("camera -> chunk p50 / p99", _ms(res["camera_to_chunk_ms"], ("p50", "p99")), "frame published -> chunk"),
+        ("trajectory arrival - stamp", _ms(res["trajectory_arrival_minus_stamp_ms"], ("p50", "p99", "max")),
+         f"p50/p99/max; {res['trajectories_later_than_one_step']} of {len(trajs)} > 1 step"),
         ("inference latency p50 / p99", _ms(res["inference_latency_ms"], ("p50", "p99")), "engine, in node"),
         ("frame age at cycle start p50", "-" if frame_wait is None else f"{float(frame_wait):.1f} ms",
          "waiting for the running cycle (node diagnostics)"),
