@@ -119,6 +119,8 @@ class _Publishers:
         if view is not None and view.chunk_id == c.chunk_id:
             self.publish(self.trajectory, messages.joint_trajectory(
                 view, step_dt=1.0 / st.control_rate_hz, joint_names=st.action_names))
+        else:                                         # used up (or replaced) before it could be published
+            self.node.report.count("trajectory_not_published")
 
 
 class OxygenNode(LifecycleNode):
