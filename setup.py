@@ -20,7 +20,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import Distribution, setup
+from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -103,8 +103,7 @@ setup(
     name="oxygen_ros",
     version="0.1.0",
     description="ROS 2 node for a pi0.5-style VLA with unified KV cache management (OxyGen)",
-    packages=["oxygen_ros", "oxygen_ros.model", "oxygen_ros.kv", "oxygen_ros.engine", "oxygen_ros.ros",
-              "oxygen_ros.tools"],
+    packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),     # every hand-written (sub)package
     python_requires=">=3.10",
     install_requires=["numpy", "torch", "transformers", "safetensors", "sentencepiece", "opencv-python-headless",
                       "rosbags", "matplotlib"],
