@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
-    from oxygen_ros.ros import harness
+    from oxygen_ros.tools import harness
     harness.isolate_dds()
     os.environ.setdefault("ROS_DOMAIN_ID", str(150 + os.getpid() % 80))
     import rclpy

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from domain_ids import session_domain_id
-from oxygen_ros.ros import harness
+from oxygen_ros.tools import harness
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "oxygen.yaml"

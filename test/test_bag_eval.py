@@ -184,7 +184,7 @@ def test_namespace_and_remaps_pick_the_nodes_topics(tmp_path):
     moved = tmp_path / "robot1_bag"
     rename = {"/camera/base/image_raw": "/robot1/cam0/image", "/camera/left_wrist/image_raw": "/unused/left"}
     with Reader(bag_golden.INPUT) as r, Writer(moved, version=9) as w:
-        from oxygen_ros.tools.bags import typestore
+        from oxygen_ros.tools.bag_types import typestore
         ts = typestore()
         conns = {c.id: w.add_connection(rename.get(c.topic, "/robot1" + c.topic), c.msgtype, typestore=ts)
                  for c in r.connections}

@@ -90,7 +90,7 @@ class EvalOptions:
 def settings_for_eval(params_file: str | None, overrides: dict) -> tuple[Settings, list[str]]:
     """The node's ``Settings`` for an offline run (YAML + overrides, the node's validation) and notes on what
     bag-eval changed.  Raises ``ConfigureError``."""
-    from oxygen_ros.ros.harness import default_params_file  # noqa: PLC0415
+    from oxygen_ros.tools.harness import default_params_file  # noqa: PLC0415
 
     values = load_params_file(params_file or default_params_file())
     values.update(overrides)
@@ -233,7 +233,7 @@ class BagEval:
 
         from oxygen_ros.ros.pipeline import Pipeline  # noqa: PLC0415
 
-        from .bags import typestore  # noqa: PLC0415
+        from .bag_types import typestore  # noqa: PLC0415
 
         o, s = self.o, self.settings
         with Reader(Path(o.bag)) as reader:

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-plot", action="store_true")
     a = p.parse_args(argv)
 
-    from oxygen_ros.ros.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
+    from oxygen_ros.tools.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
     from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
 
     isolate_dds()
