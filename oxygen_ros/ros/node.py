@@ -48,8 +48,8 @@ from .converse_server import ConverseServer
 from .engine_factory import build_engine
 from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
 from .memory_services import MemoryServices
-from .parameters import (PARAMETERS, SLOT_NAMES, STRING_ARRAY, ConfigureError, Settings, check_value, descriptor,
-                         ros_args)
+from .parameters import (PARAMETERS, SLOT_NAMES, STRING_ARRAY, USAGE, ConfigureError, Settings, check_value,
+                         descriptor, ros_args, user_args)
 from .pipeline import Pipeline
 
 __all__ = ["OxygenNode", "main", "PARAMETERS"]
@@ -533,6 +533,11 @@ def main(argv=None, engine_factory=None) -> int:
         for name, spec in PARAMETERS.items():
             print(f"  {name:24s} {spec[1]!r:40.40s} {spec[2]}")
         return 0
+    unknown = [a for a in user_args(args) if a not in ("-h", "--help")]
+    if unknown:
+        print(f"{USAGE}\noxygen_node: error: unrecognized arguments: {' '.join(unknown)} (settings are ROS parameters: "
+              "--ros-args -p name:=value)", file=sys.stderr)
+        return 2
     shutdown = _ShutdownRequest()
     shutdown.install()                 # before anything slow, so an early signal is an orderly shutdown too
     _throttle_python_logging()

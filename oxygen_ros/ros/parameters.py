@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
-           "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
+           "ros_args", "user_args", "USAGE", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
            "OUTPUTS", "CHUNKING"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
@@ -331,4 +331,21 @@ def parse_overrides(items) -> dict:
             raise ConfigureError(f"override {it!r} is not name:=value")
         name, raw = it.split(":=", 1)
         out[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+USAGE = "usage: oxygen_node [--help] [--ros-args [--params-file FILE] [-p name:=value] [-r from:=to] ...]"
+
+
+def user_args(argv: list) -> list:
+    """The arguments of ``argv`` (``argv[0]`` = the program) outside ``--ros-args ... [--]``: the node takes none but
+    ``-h`` / ``--help`` (every setting is a ROS parameter), so anything else is a usage error (rcl ignores them)."""
+    out, in_ros = [], False
+    for a in argv[1:]:
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--" and in_ros:
+            in_ros = False
+        elif not in_ros:
+            out.append(a)
     return out

@@ -375,6 +375,10 @@ def replay_main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --record directory")
     p.add_argument("--quiet", action="store_true")
     a, ros_args = p.parse_known_args(argv)
+    from oxygen_ros.ros.parameters import user_args  # noqa: PLC0415
+    unknown = user_args(["replay", *ros_args])
+    if unknown:                       # rcl would ignore them silently: only --ros-args ... may follow
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
     bag = a.bag
     if os.path.isfile(bag):
         bag = os.path.dirname(os.path.abspath(bag))
