@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
-           "ros_args", "user_args", "USAGE", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
+           "ros_args", "user_args", "USAGE",
+           "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
            "OUTPUTS", "CHUNKING"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)

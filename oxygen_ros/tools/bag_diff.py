@@ -1,19 +1,20 @@
 """``oxygen bag-diff A B``: compare two output bags (``oxygen bag-eval`` or ``oxygen replay --record``) topic by topic;
 exit status 0 when they agree within tolerance, 1 when they do not.
 
-This file owns what "the same run" means.  Messages are read back with rosbags (no ROS needed) and matched per
-topic, by message type: ``ActionChunk`` by ``frame_index`` (``--match stamp``: by ``header.stamp``, the capture time
-of the observation, for online vs offline runs whose frame numbering differs), ``LanguageToken`` streams by
-``request_id`` (stamp mode: by task and order), ``MemoryEntry`` by ``entry_id`` (stamp mode: by order), other types
-(``conversation/response`` strings, anything else) by order.  In stamp mode a chunk whose first message came one
-control tick later (fewer rows: the remainder) is compared on the rows both have.  Actions agree when
-``|a - b| <= atol + rtol * |b|`` element-wise, and a NaN or inf only with the same value (a NaN against a number is
-beyond any tolerance; its ``|a - b|`` counts as inf); any missing or extra message is a difference; everything else must be equal: texts and token ids exactly, and in
-index mode the deterministic fields too (``chunk_id``, stamps, ``blended``, ``observation_age_s``...;
-``inference_latency_ms`` is wall-clock and never compared).  The report gives, per topic, matched / missing / extra
-messages; for actions the max and p95 ``|a - b|`` per joint and the first frame beyond tolerance (row, joint and both
-values); for language the missing token indices and the first differing token of each answer with both texts.  ``diff_bags`` returns ``TopicDiff`` records (also as JSON
-with ``--json``); ``plot_actions`` draws the per-frame max action difference.
+This file owns what "the same run" means. Messages are read back with rosbags (no ROS needed) and matched per topic,
+by message type: ``ActionChunk`` by ``frame_index`` (``--match stamp``: by ``header.stamp``, the capture time of the
+observation, for online vs offline runs whose frame numbering differs), ``LanguageToken`` streams by ``request_id``
+(stamp mode: by task and order), ``MemoryEntry`` by ``entry_id`` (stamp mode: by order), other types
+(``conversation/response`` strings, anything else) by order. In stamp mode a chunk whose first message came one
+control tick later (fewer rows: the remainder) is compared on the rows both have. Actions agree when ``|a - b| <=
+atol + rtol * |b|`` element-wise, and a NaN or inf only with the same value (a NaN against a number is beyond any
+tolerance; its ``|a - b|`` counts as inf); any missing or extra message is a difference; everything else must be
+equal: texts and token ids exactly, and in index mode the deterministic fields too (``chunk_id``, stamps,
+``blended``, ``observation_age_s``...; ``inference_latency_ms`` is wall-clock and never compared). The report gives,
+per topic, matched / missing / extra messages; for actions the max and p95 ``|a - b|`` per joint and the first frame
+beyond tolerance (row, joint and both values); for language the missing token indices and the first differing token
+of each answer with both texts. ``diff_bags`` returns ``TopicDiff`` records (also as JSON with ``--json``);
+``plot_actions`` draws the per-frame max action difference.
 """
 from __future__ import annotations
 
