@@ -184,7 +184,7 @@ def test_namespace_and_remaps_pick_the_nodes_topics(tmp_path):
     moved = tmp_path / "robot1_bag"
     rename = {"/camera/base/image_raw": "/robot1/cam0/image", "/camera/left_wrist/image_raw": "/unused/left"}
     with Reader(bag_golden.INPUT) as r, Writer(moved, version=9) as w:
-        from oxygen_ros.tools.bags import typestore
+        from oxygen_ros.tools.bag_types import typestore
         ts = typestore()
         conns = {c.id: w.add_connection(rename.get(c.topic, "/robot1" + c.topic), c.msgtype, typestore=ts)
                  for c in r.connections}
@@ -205,9 +205,11 @@ def test_namespace_and_remaps_pick_the_nodes_topics(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- bag-diff, known input
-def _write_run(path: Path, actions: dict, answers: dict, memory: list, storage: str = "mcap") -> Path:
+def _write_run(path: Path, actions: dict, answers: dict, memory: list, storage: str = "mcap",
+               drop: tuple[str, int] | None = None) -> Path:
     """An output bag from records: ``actions`` frame -> [H, A] array, ``answers`` request id -> text (one token per
-    character, conversation), ``memory`` [text]."""
+    character, conversation), ``memory`` [text].  ``drop`` = (output, n): leave out the n-th message (0-based) of
+    that output, and nothing else."""
     from std_msgs.msg import String
 
     from oxygen_ros.ros import messages
@@ -215,7 +217,8 @@ def _write_run(path: Path, actions: dict, answers: dict, memory: list, storage: 
     from oxygen_ros.ros.language import MemoryOut, TokenOut
 
     t0 = 1_700_000_000_000_000_000
-    with OutputBag(path, storage=storage) as bag:
+    with OutputBag(path, storage=storage) as out:
+        bag = _Dropping(out, drop)
         for fi, a in actions.items():
             t = t0 + fi * 100_000_000
             s = ControlSample(np.asarray(a, np.float32), fi, fi, t / 1e9, 0.0, False, False, 0, t, "camera_base")
@@ -230,6 +233,18 @@ def _write_run(path: Path, actions: dict, answers: dict, memory: list, storage: 
             bag.write("memory/entries", t0, messages.memory_entry(MemoryOut(i + 1, 0, text, "describe", 99, 3, t0,
                                                                             "camera_base")))
     return path
+
+
+class _Dropping:
+    """An OutputBag that leaves out the n-th message of one output."""
+
+    def __init__(self, bag: OutputBag, drop: tuple[str, int] | None):
+        self.bag, self.drop, self.seen = bag, drop, {}
+
+    def write(self, output: str, stamp_ns: int, msg) -> None:
+        n = self.seen[output] = self.seen.get(output, -1) + 1
+        if (output, n) != self.drop:
+            self.bag.write(output, stamp_ns, msg)
 
 
 def test_bag_diff_exit_status_and_report(tmp_path):
@@ -274,6 +289,72 @@ def test_bag_diff_exit_status_and_report(tmp_path):
     shape = {k: (v if k != 2 else v[1:]) for k, v in acts.items()}   # a chunk with a row fewer
     rc, rep = _diff(a, _write_run(tmp_path / "shape", shape, **base), "--plot", "")
     assert rc == 1 and "frame 2: chunk shape A (4, 2), B (3, 2)" in rep
+
+
+@pytest.mark.parametrize("output,n,missing,line", [
+    ("action_chunk", 3, [3], "/action_chunk: DIFFERENT (6 vs 5 messages, 5 chunks matched)"),
+    ("language/tokens", 12, [], "request 2 (conversation): token message(s) missing in B: index 1"),
+    ("conversation/response", 1, [1], "/conversation/response: DIFFERENT (2 vs 1 messages, 1 messages matched)"),
+    ("memory/entries", 1, [2], "/memory/entries: DIFFERENT (2 vs 1 messages, 1 entries matched)"),
+])
+def test_bag_diff_one_missing_message_alone_is_different(tmp_path, output, n, missing, line):
+    """Issue 21: B lacks exactly one output message of A and nothing else differs -> exit 1, DIFFERENT, and the
+    missing message named (frame 3; token index 1 of request 2 = the 13th token message; the 2nd answer string; the
+    memory entry with id 2); every other topic the same."""
+    rng = np.random.default_rng(1)
+    acts = {i: rng.normal(size=(4, 2)) for i in range(6)}
+    base = dict(answers={1: "a red block", 2: "yes"}, memory=["a table", "a chair"])
+    a = _write_run(tmp_path / "a", acts, **base)
+    b = _write_run(tmp_path / "b", acts, **base, drop=(output, n))
+    assert _diff(a, _write_run(tmp_path / "same", acts, **base), "--plot", "")[0] == 0
+    rc, rep = _diff(a, b, "--plot", "", "--json", tmp_path / "d.json")
+    assert rc == 1, rep
+    assert "result: DIFFERENT (3 of 4 topics agree)" in rep and line in rep, rep
+    if missing:
+        assert f"  missing in B: {missing[0]}" in rep
+    topics = {t["topic"]: t for t in json.loads((tmp_path / "d.json").read_text())["topics"]}
+    bad = topics.pop("/" + output)
+    assert all(t["ok"] for t in topics.values()), "only the topic with the missing message differs"
+    assert list(map(str, bad["missing"])) == list(map(str, missing)) and bad["extra"] == []
+    if output != "language/tokens":
+        assert bad["differences"] == [], "nothing but the missing message"
+    assert "extra in B" not in rep
+
+
+def test_bag_diff_nan_in_an_action_chunk(tmp_path):
+    """Issue 21: a NaN (or inf) where the other bag has a number is beyond any tolerance, in either bag and with a
+    relative tolerance too; NaN against NaN (and inf against the same inf) agrees."""
+    rng = np.random.default_rng(2)
+    acts = {i: rng.normal(size=(4, 2)) for i in range(6)}
+    base = dict(answers={1: "ok"}, memory=["a table"])
+    a = _write_run(tmp_path / "a", acts, **base)
+
+    def with_value(name, frame, row, col, value):
+        x = {k: v.copy() for k, v in acts.items()}
+        x[frame][row, col] = value
+        return _write_run(tmp_path / name, x, **base)
+
+    nan_b = with_value("nan_b", 3, 1, 0, np.nan)
+    rc, rep = _diff(a, nan_b, "--plot", "", "--json", tmp_path / "nan.json")
+    assert rc == 1, rep
+    want = f"actions beyond tolerance in 1 of 6 chunks; first at frame 3: |a - b| inf at row 1, j0 (A {acts[3][1, 0]:.6g}"
+    assert want in rep and "B nan)" in rep, rep
+    assert "/action_chunk: DIFFERENT" in rep and "result: DIFFERENT (3 of 4 topics agree)" in rep
+    act = next(t for t in json.loads((tmp_path / "nan.json").read_text())["topics"] if t["topic"] == "/action_chunk")
+    assert act["stats"]["per_joint"]["j0"]["max"] == float("inf") and act["stats"]["per_joint"]["j1"]["max"] == 0
+    assert [k for k, v in act["stats"]["per_frame_max"] if v > 0] == [3]
+    assert _diff(nan_b, a, "--plot", "")[0] == 1                               # NaN in A, the number in B
+    assert _diff(a, nan_b, "--plot", "", "--atol", "1e9", "--rtol", "1")[0] == 1   # no tolerance covers it
+    assert _diff(nan_b, with_value("nan_b2", 3, 1, 0, np.nan), "--plot", "")[0] == 0   # NaN vs NaN: the same
+    inf_b = with_value("inf_b", 2, 0, 1, np.inf)
+    assert _diff(a, inf_b, "--plot", "", "--rtol", "0.5")[0] == 1              # |b| = inf must not widen the bound
+    assert _diff(inf_b, with_value("inf_b2", 2, 0, 1, np.inf), "--plot", "")[0] == 0
+    assert _diff(inf_b, with_value("ninf_b", 2, 0, 1, -np.inf), "--plot", "")[0] == 1
+    tol = bag_diff.Tolerance(1e-4, 0.5)
+    x = np.array([1.0, np.nan, np.nan, np.inf, np.inf, 2.0])
+    y = np.array([1.00005, 1.0, np.nan, np.inf, -np.inf, np.inf])
+    assert tol.exceeded(x, y).tolist() == [False, True, False, False, True, True]
+    assert bag_diff.distance(x, y).tolist() == [pytest.approx(5e-5), np.inf, 0.0, 0.0, np.inf, np.inf]
 
 
 # ------------------------------------------------------------------------------------------------ online recording

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from oxygen_ros.tools import bags
+from oxygen_ros.tools import bag_types, bags
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
@@ -28,7 +28,7 @@ def test_make_bag_contents(tmp_path, storage):
 
     from rosbags.rosbag2 import Reader
     from oxygen_ros.ros.images import image_to_rgb8_numpy
-    ts = bags.typestore()
+    ts = bag_types.typestore()
     frames, stamps = [], []
     with Reader(out) as r:
         conns = [c for c in r.connections if c.topic == "/camera/left_wrist/image_raw"]
@@ -44,12 +44,12 @@ def test_make_bag_contents(tmp_path, storage):
 
 
 def test_typestore_knows_oxygen_messages():
-    ts = bags.typestore()
+    ts = bag_types.typestore()
     assert "oxygen_ros/msg/ActionChunk" in ts.types and "oxygen_ros/msg/MemoryEntry" in ts.types
 
 
 def test_restamp_rewrites_header_in_cdr():
-    ts = bags.typestore()
+    ts = bag_types.typestore()
     String = ts.types["std_msgs/msg/String"]
     Header = ts.types["std_msgs/msg/Header"]
     Time = ts.types["builtin_interfaces/msg/Time"]
@@ -129,7 +129,7 @@ def test_replay_rejects_non_bag(tmp_path):
 
 def test_cdr_header_layout_assumption():
     """The restamp helper relies on header.stamp being the first 8 bytes after the encapsulation header."""
-    ts = bags.typestore()
+    ts = bag_types.typestore()
     Image = ts.types["sensor_msgs/msg/Image"]
     Header = ts.types["std_msgs/msg/Header"]
     Time = ts.types["builtin_interfaces/msg/Time"]

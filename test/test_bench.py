@@ -1,4 +1,4 @@
-"""Tests of tools/bench.py: the benchmark runs end to end on the tiny preset (all modes, the shared N=k bound, the k/N
+"""Tests of tools/bench/ (`oxygen bench`): the benchmark runs end to end on the tiny preset (all modes, the shared N=k bound, the k/N
 sweep, adaptive k, Poisson arrivals with mixed lengths and kinds), writes its JSON / table / PNG with the hardware
 named, reports component costs, the ideal speedup and the cross-mode equivalence check; and its ideal model follows
 the engine's scheduling rule. Behaviour only: no timing thresholds."""
@@ -7,26 +7,26 @@ import os
 
 import pytest
 
-from oxygen_ros.tools import bench
+from oxygen_ros.tools.bench import command, costs
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_steady_state_schedule_and_ideal():
-    assert bench.steady_state_schedule(30, 5) == [6, 6, 6, 6, 5]
-    assert bench.steady_state_schedule(7, 3) == [3, 2, 1]
-    assert bench.steady_state_schedule(5, 1) == [4]
-    costs = {"prefill_s": 0.175, "actions_s": 0.04, "decode_step_s": {1: 0.0045, 6: 0.010, 8: 0.012}}
-    ide = bench.ideal(costs, 30, 5)
+    assert costs.steady_state_schedule(30, 5) == [6, 6, 6, 6, 5]
+    assert costs.steady_state_schedule(7, 3) == [3, 2, 1]
+    assert costs.steady_state_schedule(5, 1) == [4]
+    c = {"prefill_s": 0.175, "actions_s": 0.04, "decode_step_s": {1: 0.0045, 6: 0.010, 8: 0.012}}
+    ide = costs.ideal(c, 30, 5)
     assert ide["isolated_frame_s"] == pytest.approx(2 * 0.175 + 0.04 + 29 * 0.0045)
-    assert ide["oxygen_frame_s"] == pytest.approx(0.175 + 0.04 + 4 * 0.010 + bench.decode_cost(costs, 5))
+    assert ide["oxygen_frame_s"] == pytest.approx(0.175 + 0.04 + 4 * 0.010 + costs.decode_cost(c, 5))
     assert 1.8 < ide["speedup_oxygen_vs_isolated"] < 2.1       # the issue's rough estimate: "near 2x"
 
 
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "run"
-    bench.run(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
+    command.run(["--preset", "tiny", "--frames", "4", "-N", "5", "--k", "2", "-S", "2", "--warmup", "2",
               "--reps", "1", "--sweep", "--sweep-n", "4", "--sweep-k", "2,4", "--sweep-frames", "3",
               "--kinds", "subtask,conversation", "--masked-camera", "1", "--out", str(out)])
     for f in ("results.json", "table.txt", "results.png"):
@@ -51,7 +51,7 @@ def test_bench_end_to_end(tmp_path):
 
 
 def test_bench_adaptive_poisson_mixed(tmp_path):
-    doc = bench.run(["--preset", "tiny", "--frames", "4", "-N", "6", "--k", "adaptive", "-S", "1", "--warmup", "1",
+    doc = command.run(["--preset", "tiny", "--frames", "4", "-N", "6", "--k", "adaptive", "-S", "1", "--warmup", "1",
                       "--reps", "1", "--modes", "oxygen", "--arrivals", "poisson", "--rate", "1.5",
                       "--mixed-lengths", "--kinds", "subtask,memory", "--out", str(tmp_path)])
     m = doc["modes"]["oxygen"]

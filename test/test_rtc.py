@@ -3,16 +3,19 @@
 The formula is checked on stand-in velocity fields (plain functions, not the model: they test the guidance FORMULA,
 the time convention and the VJP's transpose, where the answer can be computed by hand): one step of a linear field
 that mixes rows (so J != J^T), and the whole guided Euler loop on the exact flow of Gaussian data (a linear field,
-the guided chain is a scalar recurrence per element).  On the real tiny model: beta = 0 reproduces
-``sample_actions``; with beta = 10 and S = 10 the frozen rows land within 0.05 of a target taken from an UNRELATED
-chunk (other frame, other noise; the unguided gap is up to ~5.7, so > 99 % of it is closed; measured 0.018) because
-c(t)/S is ~1 at the first steps and again at the last ones, so each of those steps nearly cancels the remaining error
-of the predicted clean chunk; the pull toward the target weakens row by row with the mask and is absent past it; the
-prefix K/V are bit-identical before/after and carry no gradient.  Engine: rtc None or empty = bit-identical actions
-in every mode; the guided chunk is the same in isolated / shared / oxygen; language tokens are unchanged by RTC;
-prev_actions are normalised with the processor's stats (the exact inverse of unnormalize_actions, quantile and
-mean/std stats, robot_dim < action_dim).  The smoothness benchmark's simulated control loop (tools/smoothness.py)
-switches chunks at the ticks it should, and with RTC the switch lands near the old plan."""
+the guided chain is a scalar recurrence per element). On the real tiny model: beta = 0 reproduces ``sample_actions``;
+the guided loop on the model equals the same loop on the independent naive reference's velocity (``pi05_reference``,
+VJP through it; the only RTC test that does not share ``Pi05Model.action_attention``, so a broken action-token mask
+or position is caught here); with beta = 10 and S = 10 the frozen rows land within 0.05 of a target taken from an
+UNRELATED chunk (other frame, other noise; the unguided gap is up to ~5.7, so > 99 % of it is closed; measured 0.018)
+because c(t)/S is ~1 at the first steps and again at the last ones, so each of those steps nearly cancels the
+remaining error of the predicted clean chunk; the pull toward the target weakens row by row with the mask and is
+absent past it; the prefix K/V are bit-identical before/after and carry no gradient. Engine: rtc None or empty =
+bit-identical actions in every mode; the guided chunk is the same in isolated / shared / oxygen; language tokens are
+unchanged by RTC; prev_actions are normalised with the processor's stats (the exact inverse of unnormalize_actions,
+quantile and mean/std stats, robot_dim < action_dim). The smoothness benchmark's simulated control loop
+(tools/smoothness.py) switches chunks at the ticks it should, and with RTC the switch lands near the old plan.
+"""
 import math
 
 import numpy as np
@@ -188,6 +191,47 @@ def tiny():
 def test_beta_zero_is_sample_actions(tiny):
     out = sample_actions_rtc(tiny["model"], tiny["prefix"], tiny["noise"], None, tiny["target"], tiny["weights"], 0.0)
     torch.testing.assert_close(out, tiny["plain"], rtol=1e-5, atol=1e-6)
+
+
+def test_guided_path_matches_the_independent_reference():
+    """The guided loop on the model against the same loop on the naive reference's velocity (``pi05_reference``: one
+    eager attention over [images | prompt | actions] with its own mask rule table, recomputing the prefix every step;
+    it shares none of the model's forward code).  The tests above compare guided sampling with ``sample_actions`` and
+    both build the action tokens' positions and mask with ``Pi05Model.action_attention``, so a broken action-token
+    mask, position or prefix read would pass them; here it cannot.  The Jacobian-transpose product is taken through
+    the reference too, so the VJP of the real network (not only of a linear stand-in) is checked; guided_euler itself
+    is checked against a hand-written recurrence above.  A model with every parameter random (no neutral norm), a
+    padded prompt (so masking matters), beta = 10 and 3 steps (the first at t = 1, where c = beta)."""
+    from model_fixtures import randomize_parameters
+    from pi05_reference import joint_forward
+
+    cfg = small_cfg(num_denoise_steps=3)
+    model = randomize_parameters(build_model(cfg, seed=5), seed=5)
+    proc = Processor(cfg, load_tokenizer(cfg))
+    rng = np.random.default_rng(5)
+    mi = proc.prepare(frame(cfg, rng, 1.0))
+    assert not bool(mi.token_masks.all()), "the prompt is padded: the action tokens' mask has something to hide"
+    prefix = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+    g = torch.Generator().manual_seed(5)
+    H, A = cfg.action_horizon, cfg.action_dim
+    noise = torch.randn(1, H, A, generator=g)
+    prev = torch.randn(H - S_EXEC, 7, generator=g)                    # an unrelated old plan, 7 robot dims
+    target, weights = rtc_target(prev, H, A, D, S_EXEC)
+
+    def reference_velocity(x, t):                                      # x [1, H, A], t [1] -> [1, H, A]
+        _, v, _ = joint_forward(model, mi.images[0], mi.image_masks[0], mi.tokens[0], mi.token_masks[0], x_t=x[0],
+                                t=float(t[0]))
+        return v[None]
+
+    trace_m, trace_r = [], []
+    got = sample_actions_rtc(model, prefix, noise, 3, target, weights, BETA, trace_m)
+    ref = guided_euler(reference_velocity, noise, 3, target, weights, BETA, trace_r)
+    plain = model.sample_actions(prefix, noise, 3)
+    assert float((ref - plain).abs().max()) > 0.1, "the guidance moved the chunk (else this compares little)"
+    err = float((got - ref).abs().max() / ref.abs().max())
+    assert err <= 1e-4, err
+    for a, b in zip(trace_m, trace_r):                                 # the weighted error at every step
+        assert a["c"] == b["c"] and float(a["err2"]) == pytest.approx(float(b["err2"]), rel=1e-3)
 
 
 def test_guided_chunk_follows_the_mask(tiny):

@@ -61,6 +61,22 @@ class LanguageLoad:
     memory_every_s: float = 0.0
     questions: tuple = ()
 
+    @staticmethod
+    def parse_periods(text: str) -> tuple[float, float]:
+        """A load label 'none' | 'q<s>' | 'm<s>' | 'q<s>m<s>' -> (question_every_s, memory_every_s); ValueError."""
+        import re  # noqa: PLC0415
+
+        t = text.strip().lower()
+        if t == "none":
+            return 0.0, 0.0
+        m = re.fullmatch(r"(?:q(\d+(?:\.\d+)?))?(?:m(\d+(?:\.\d+)?))?", t)
+        if not m or not (m.group(1) or m.group(2)):
+            raise ValueError(f"language load must be none, q<s>, m<s> or q<s>m<s> (e.g. q1m2), got {text!r}")
+        q, mm = float(m.group(1) or 0), float(m.group(2) or 0)
+        if (m.group(1) and q <= 0) or (m.group(2) and mm <= 0):
+            raise ValueError(f"language load periods must be > 0, got {text!r}")
+        return q, mm
+
     @property
     def active(self) -> bool:
         return self.question_every_s > 0 or self.memory_every_s > 0

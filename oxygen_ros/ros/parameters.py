@@ -16,8 +16,9 @@ from pathlib import Path
 import yaml
 
 __all__ = ["PARAMETERS", "ConfigureError", "Settings", "descriptor", "load_params_file", "parse_overrides",
-           "ros_args", "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
-           "OUTPUTS", "CHUNKING", "stray_args", "refuse_stray_args", "package_config"]
+           "ros_args", "user_args", "refuse_stray_args", "package_config",
+           "BOOL", "INT", "DOUBLE", "STRING", "STRING_ARRAY", "INT_ARRAY", "DOUBLE_ARRAY", "SLOT_NAMES",
+           "OUTPUTS", "CHUNKING"]
 
 # rcl_interfaces/ParameterType values (kept as plain ints so this table needs no ROS import)
 BOOL, INT, DOUBLE, STRING, STRING_ARRAY = 1, 2, 3, 4, 9
@@ -317,25 +318,15 @@ def package_config(name: str) -> Path:
     return Path(get_package_share_directory("oxygen_ros")) / "config" / name
 
 
-def stray_args(argv: list) -> list:
-    """Arguments of a ROS node's command line that are neither ROS arguments (from ``--ros-args`` on) nor -h: the
-    node refuses them (``usage: ...``, exit 2) instead of starting with them silently ignored."""
-    out = []
-    for a in argv[1:]:
-        if a == "--ros-args":
-            break
-        if a not in ("-h", "--help"):
-            out.append(a)
-    return out
-
-
 def refuse_stray_args(prog: str, argv: list) -> bool:
-    """Print a usage error (stderr) and return True when ``argv`` has ``stray_args``; the caller exits 2."""
-    stray = stray_args(argv)
+    """A ROS node's command line with arguments outside ``--ros-args`` other than -h (``user_args``): print a usage
+    error (stderr) and return True (the caller exits 2) - rcl would ignore them and start the node."""
+    stray = [a for a in user_args(argv) if a not in ("-h", "--help")]
     if stray:
         import sys  # noqa: PLC0415
-        print(f"usage: {prog} [-h] [--ros-args ...]\n{prog}: error: unrecognized arguments: {' '.join(stray)} "
-              "(node options go after --ros-args, e.g. --ros-args -p name:=value)", file=sys.stderr)
+        print(f"usage: {prog} [--help] [--ros-args [--params-file FILE] [-p name:=value] [-r from:=to] ...]\n"
+              f"{prog}: error: unrecognized arguments: {' '.join(stray)} (settings are ROS parameters: "
+              "--ros-args -p name:=value)", file=sys.stderr)
     return bool(stray)
 
 
@@ -363,4 +354,18 @@ def parse_overrides(items) -> dict:
             raise ConfigureError(f"override {it!r} is not name:=value")
         name, raw = it.split(":=", 1)
         out[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def user_args(argv: list) -> list:
+    """The arguments of ``argv`` (``argv[0]`` = the program) outside ``--ros-args ... [--]``: the node takes none but
+    ``-h`` / ``--help`` (every setting is a ROS parameter), so anything else is a usage error (rcl ignores them)."""
+    out, in_ros = [], False
+    for a in argv[1:]:
+        if a == "--ros-args":
+            in_ros = True
+        elif a == "--" and in_ros:
+            in_ros = False
+        elif not in_ros:
+            out.append(a)
     return out

@@ -1,18 +1,20 @@
 """``oxygen bag-diff A B``: compare two output bags (``oxygen bag-eval`` or ``oxygen replay --record``) topic by topic;
 exit status 0 when they agree within tolerance, 1 when they do not.
 
-This file owns what "the same run" means.  Messages are read back with rosbags (no ROS needed) and matched per
-topic, by message type: ``ActionChunk`` by ``frame_index`` (``--match stamp``: by ``header.stamp``, the capture time
-of the observation, for online vs offline runs whose frame numbering differs), ``LanguageToken`` streams by
-``request_id`` (stamp mode: by task and order), ``MemoryEntry`` by ``entry_id`` (stamp mode: by order), other types
-(``conversation/response`` strings, anything else) by order.  In stamp mode a chunk whose first message came one
-control tick later (fewer rows: the remainder) is compared on the rows both have.  Actions agree when
-``|a - b| <= atol + rtol * |b|`` element-wise; everything else must be equal: texts and token ids exactly, and in
-index mode the deterministic fields too (``chunk_id``, stamps, ``blended``, ``observation_age_s``...;
-``inference_latency_ms`` is wall-clock and never compared).  The report gives, per topic, matched / missing / extra
-messages; for actions the max and p95 ``|a - b|`` per joint and the first frame beyond tolerance; for language the
-first differing token of each answer with both texts.  ``diff_bags`` returns ``TopicDiff`` records (also as JSON
-with ``--json``); ``plot_actions`` draws the per-frame max action difference.
+This file owns what "the same run" means. Messages are read back with rosbags (no ROS needed) and matched per topic,
+by message type: ``ActionChunk`` by ``frame_index`` (``--match stamp``: by ``header.stamp``, the capture time of the
+observation, for online vs offline runs whose frame numbering differs), ``LanguageToken`` streams by ``request_id``
+(stamp mode: by task and order), ``MemoryEntry`` by ``entry_id`` (stamp mode: by order), other types
+(``conversation/response`` strings, anything else) by order. In stamp mode a chunk whose first message came one
+control tick later (fewer rows: the remainder) is compared on the rows both have. Actions agree when ``|a - b| <=
+atol + rtol * |b|`` element-wise, and a NaN or inf only with the same value (a NaN against a number is beyond any
+tolerance; its ``|a - b|`` counts as inf); any missing or extra message is a difference; everything else must be
+equal: texts and token ids exactly, and in index mode the deterministic fields too (``chunk_id``, stamps,
+``blended``, ``observation_age_s``...; ``inference_latency_ms`` is wall-clock and never compared). The report gives,
+per topic, matched / missing / extra messages; for actions the max and p95 ``|a - b|`` per joint and the first frame
+beyond tolerance (row, joint and both values); for language the missing token indices and the first differing token
+of each answer with both texts. ``diff_bags`` returns ``TopicDiff`` records (also as JSON with ``--json``);
+``plot_actions`` draws the per-frame max action difference.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def read_bag(path) -> dict[str, tuple[str, list[Record]]]:
     """topic -> (msgtype, records in log-time order) of a rosbag2 directory."""
     from rosbags.rosbag2 import Reader  # noqa: PLC0415
 
-    from .bags import typestore  # noqa: PLC0415
+    from .bag_types import typestore  # noqa: PLC0415
 
     ts = typestore()
     out: dict[str, tuple[str, list[Record]]] = {}
@@ -62,9 +64,29 @@ class Tolerance:
     rtol: float = 0.0
 
     def exceeded(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Element-wise True where ``a`` and ``b`` disagree (NaN only agrees with NaN)."""
-        bad = ~(np.abs(a - b) <= self.atol + self.rtol * np.abs(b))
-        return bad & ~(np.isnan(a) & np.isnan(b))
+        """Element-wise True where ``a`` and ``b`` disagree: finite values when ``|a - b| > atol + rtol * |b|``; a
+        non-finite value agrees only with the same one (NaN with NaN, +inf with +inf), so a NaN or inf against a
+        number is beyond any tolerance (what a broken checkpoint produces)."""
+        finite = np.isfinite(a) & np.isfinite(b)
+        bound = self.atol + self.rtol * np.abs(np.where(finite, b, 0.0))
+        return np.where(finite, distance(a, b) > bound, ~_same(a, b))
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise ``|a - b|`` for finite values; 0 where both hold the same non-finite value, inf where one is
+    non-finite and the other is not the same (never NaN, so maxima and percentiles stay meaningful)."""
+    finite = np.isfinite(a) & np.isfinite(b)
+    d = np.abs(np.where(finite, a, 0.0) - np.where(finite, b, 0.0))
+    return np.where(finite, d, np.where(_same(a, b), 0.0, np.inf))
+
+
+def _p95(x: np.ndarray) -> float:
+    v = float(np.percentile(x, 95)) if x.size else 0.0
+    return np.inf if np.isnan(v) else v          # linear interpolation between two infs gives NaN
 
 
 @dataclass
@@ -147,29 +169,30 @@ def diff_actions(topic: str, a: list[Record], b: list[Record], tol: Tolerance, m
             d.differences.append(f"frame {show(k)}: chunk shape A {xa.shape}, B {xb.shape}")
             per_frame.append((k, float("inf")))
             continue
-        diff = np.abs(xa.astype(np.float64) - xb.astype(np.float64))
-        bad = tol.exceeded(xa.astype(np.float64), xb.astype(np.float64))
-        worst = float(np.nanmax(diff)) if diff.size else 0.0
+        fa, fb = xa.astype(np.float64), xb.astype(np.float64)
+        diff = distance(fa, fb)
+        bad = tol.exceeded(fa, fb)
+        worst = float(diff.max()) if diff.size else 0.0
         per_frame.append((k, worst))
         cols.append(diff)
         if bad.any():
             n_bad += 1
             if first_bad is None:
-                r, j = np.unravel_index(int(np.nanargmax(np.where(bad, diff, -1.0))), diff.shape)
-                first_bad = (k, float(diff[r, j]), int(r), int(j))
+                r, j = np.unravel_index(int(np.argmax(np.where(bad, diff, -1.0))), diff.shape)
+                first_bad = (k, float(diff[r, j]), int(r), int(j), float(fa[r, j]), float(fb[r, j]))
     if n_bad:
-        k, v, r, j = first_bad
+        k, v, r, j, va, vb = first_bad
         joint = names[j] if j < len(names) else f"column {j}"
         d.differences.append(f"actions beyond tolerance in {n_bad} of {len(common)} chunks; first at frame {show(k)}: "
-                             f"|a - b| {v:.3g} at row {r}, {joint}")
+                             f"|a - b| {v:.3g} at row {r}, {joint} (A {va:.6g}, B {vb:.6g})")
     widths = {c.shape[1] for c in cols}
     if cols and len(widths) == 1:
         rows = np.concatenate(cols, axis=0)                 # [sum of H, A]
         joints = [names[j] if j < len(names) else f"column {j}" for j in range(rows.shape[1])]
-        d.stats["per_joint"] = {n: {"max": float(rows[:, j].max()), "p95": float(np.percentile(rows[:, j], 95))}
+        d.stats["per_joint"] = {n: {"max": float(rows[:, j].max()), "p95": _p95(rows[:, j])}
                                 for j, n in enumerate(joints)}
         d.stats["max"] = float(rows.max())
-        d.stats["p95"] = float(np.percentile(rows, 95))
+        d.stats["p95"] = _p95(rows)
     d.stats["per_frame_max"] = [[k, v] for k, v in per_frame]
     d.stats["first_frame_beyond_tolerance"] = None if first_bad is None else show(first_bad[0])
     d.stats["chunks_beyond_tolerance"] = n_bad
@@ -223,6 +246,11 @@ def diff_tokens(topic: str, a: list[Record], b: list[Record], match: str) -> Top
         ta, tb = _text(ma), _text(mb)
         task = ma[0].task
         lines = []
+        idx_a, idx_b = [int(m.index) for m in ma], [int(m.index) for m in mb]
+        for side, x, y in (("missing in B", idx_a, idx_b), ("extra in B", idx_b, idx_a)):
+            gone = sorted(set(x) - set(y))
+            if gone:
+                lines.append(f"request {k} ({task}): token message(s) {side}: index {_keys(gone)}")
         if ids_a != ids_b or ta != tb:
             i = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), min(len(ids_a), len(ids_b)))
             pa = repr(ma[i].text) if i < len(ma) else "(end)"

@@ -233,7 +233,7 @@ class BagEval:
 
         from oxygen_ros.ros.pipeline import Pipeline  # noqa: PLC0415
 
-        from .bags import typestore  # noqa: PLC0415
+        from .bag_types import typestore  # noqa: PLC0415
 
         o, s = self.o, self.settings
         with Reader(Path(o.bag)) as reader:

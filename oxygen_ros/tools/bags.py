@@ -5,8 +5,8 @@ default, ``--storage sqlite3`` for ``.db3``; metadata version 9, readable by Jaz
 node's inputs: three cameras (``/camera/base/image_raw`` rgb8, the two wrist cameras bgr8; a coloured block moving
 over a textured background, so consecutive frames differ), ``/joint_states`` (14 named joints, smooth sinusoids),
 ``/instruction`` (repeated every 2 s so late subscribers get it) and ``/conversation/prompt`` (a few questions). It
-is written with ``rosbags`` (pure Python); the ``oxygen_ros`` message types are registered from the ``.msg`` text in
-``msg/`` so bags recorded on a robot with our topics can be read too. ``oxygen replay BAG`` (``replay_main``; class
+is written with ``rosbags`` (pure Python); the types, ``oxygen_ros``'s included, come from ``tools/bag_types.py``, so
+bags recorded on a robot with our topics can be read too. ``oxygen replay BAG`` (``replay_main``; class
 ``BagReplayer``) republishes the recorded CDR bytes unchanged through rclpy at recorded timing (``--rate``,
 ``--loop``, ``--duration``, ``--namespace``, ``--clock HZ`` to publish ``/clock`` in bag time for ``use_sim_time``
 nodes, like ``ros2 bag play --clock``; time jumps back when a loop restarts; ``--record OUT`` also records the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import os
 import struct
 import sys
@@ -32,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["make_bag", "make_bag_main", "replay_main", "BagReplayer", "typestore", "CAMERA_TOPICS",
+from .bag_types import msg_class, typestore
+
+__all__ = ["make_bag", "make_bag_main", "replay_main", "BagReplayer", "CAMERA_TOPICS",
            "JOINT_NAMES", "DEFAULT_INSTRUCTION", "DEFAULT_QUESTIONS", "bag_summary"]
 
 CAMERA_TOPICS = ("/camera/base/image_raw", "/camera/left_wrist/image_raw", "/camera/right_wrist/image_raw")
@@ -43,33 +44,6 @@ JOINT_NAMES = tuple([f"left_joint_{i}" for i in range(1, 7)] + ["left_gripper"]
 DEFAULT_INSTRUCTION = "pick up the red block and put it in the bowl"
 DEFAULT_QUESTIONS = ("What do you see?", "Where is the red block?", "What are you doing right now?",
                      "Is the bowl empty?")
-
-
-def _msg_dir() -> Path | None:
-    """The package's msg/ folder: source checkout, or the installed share dir."""
-    here = Path(__file__).resolve().parents[2] / "msg"
-    if here.is_dir():
-        return here
-    try:
-        from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415
-        p = Path(get_package_share_directory("oxygen_ros")) / "msg"
-        return p if p.is_dir() else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def typestore():
-    """A rosbags Typestore for ROS 2 Kilted plus the oxygen_ros message types (from msg/*.msg)."""
-    from rosbags.typesys import Stores, get_typestore, get_types_from_msg  # noqa: PLC0415
-
-    ts = get_typestore(Stores.ROS2_KILTED)
-    d = _msg_dir()
-    if d is not None:
-        types = {}
-        for f in sorted(d.glob("*.msg")):
-            types.update(get_types_from_msg(f.read_text(), f"oxygen_ros/msg/{f.stem}"))
-        ts.register(types)
-    return ts
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,11 +186,6 @@ def make_bag_main(argv=None) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # replay
 # ---------------------------------------------------------------------------------------------------------------
-def _msg_class(msgtype: str):
-    pkg, _, name = msgtype.partition("/msg/")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)
-
-
 def _restamp(raw: bytes, sec: int, nanosec: int) -> bytes:
     """Overwrite header.stamp (the first 8 bytes after the 4-byte CDR encapsulation header)."""
     b = bytearray(raw)
@@ -268,7 +237,7 @@ class BagReplayer:
                 if (topics and c.topic not in topics) or c.topic in exclude:
                     continue
                 if c.topic not in self._pubs:
-                    self._pubs[c.topic] = node.create_publisher(_msg_class(c.msgtype), ns + c.topic, qos)
+                    self._pubs[c.topic] = node.create_publisher(msg_class(c.msgtype), ns + c.topic, qos)
                     fields = ts.fielddefs.get(c.msgtype, ((), ()))[1]
                     self._has_header[c.topic] = bool(fields) and fields[0][0] == "header" and \
                         "std_msgs/msg/Header" in str(fields[0][1])
@@ -406,6 +375,10 @@ def replay_main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --record directory")
     p.add_argument("--quiet", action="store_true")
     a, ros_args = p.parse_known_args(argv)
+    from oxygen_ros.ros.parameters import user_args  # noqa: PLC0415
+    unknown = user_args(["replay", *ros_args])
+    if unknown:                       # rcl would ignore them silently: only --ros-args ... may follow
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
     bag = a.bag
     if os.path.isfile(bag):
         bag = os.path.dirname(os.path.abspath(bag))

@@ -18,9 +18,10 @@
   oxygen train BAGS [...]       train / fine-tune the pi0.5 model on episode bags (torchrun for DDP) -> a checkpoint
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
-run on a machine without ROS.  Contract: each entry's function takes the remaining arguments and returns the exit
-status (an int; None = 0); argparse errors exit 2 with a usage message.  test/test_cli.py runs every entry of
-COMMANDS as a user would, through the installed console script.
+run on a machine without ROS.  Each subcommand's function takes its arguments and returns its exit status (an int:
+0 success, 1 a negative result such as "the bags differ", 2 bad input; None counts as 0); returning anything else
+is a bug of that subcommand and raises TypeError naming it, never a silent success.  test/test_cli.py runs every
+entry of COMMANDS through the installed `oxygen` script.
 """
 import importlib
 import os
@@ -30,7 +31,7 @@ COMMANDS = {
     "node": ("oxygen_ros.ros.node", "main"),
     "sim": ("oxygen_ros.ros.sim_node", "main"),
     "demo": ("oxygen_ros.tools.demo", "main"),
-    "bench": ("oxygen_ros.tools.bench", "main"),
+    "bench": ("oxygen_ros.tools.bench.command", "main"),
     "smoothness": ("oxygen_ros.tools.smoothness", "main"),
     "make-bag": ("oxygen_ros.tools.bags", "make_bag_main"),
     "replay": ("oxygen_ros.tools.bags", "replay_main"),
@@ -55,16 +56,26 @@ def _default_ament_prefix() -> None:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"usage: oxygen COMMAND [args]  (oxygen --help)\noxygen: error: unknown command {argv[0]!r}; choose "
+              f"from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     _default_ament_prefix()
     module, func = COMMANDS[argv[0]]
-    result = getattr(importlib.import_module(module), func)(argv[1:])
+    return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
+
+
+def exit_status(command: str, result) -> int:
+    """A subcommand's return value as the process exit status: an int as is, None as 0; anything else (a results
+    dict, a bool) is a bug of that subcommand, reported as such."""
     if result is None:
         return 0
     if isinstance(result, bool) or not isinstance(result, int):
-        raise TypeError(f"`oxygen {argv[0]}`: {module}.{func} returned {type(result).__name__}, not an exit status")
+        raise TypeError(f"oxygen {command}: its main function returned a {type(result).__name__}, not an exit status "
+                        "(an int)")
     return result
 
 

@@ -21,17 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .demo_timeline import RANDOM_NOTE, diag_level, plot_timeline
+
 QUESTIONS = ("What do you see on the table?", "Where is the red block?", "What should the robot do next?",
              "Is the bowl empty?")
-
-RANDOM_NOTE = ("NOTE: this runs a RANDOM-WEIGHT model (preset {preset}): actions and text are meaningless; the "
-               "timing, topics and KV sharing are real.\n      For a trained policy: oxygen demo (the shipped demo "
-               "checkpoint) or --checkpoint /path/to/checkpoint (see README).")
-
-
-def _level(d, name):
-    return {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}.get(d.get(name, (None,))[0], "-")
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="oxygen demo", description=__doc__.split("\n\n")[0])
@@ -146,7 +139,8 @@ def _bag_demo(a) -> int:
                         f"{mon.diag_value('inference_rate_hz', 0.0):4.1f}/s | tokens "
                         f"{mon.diag_value('tokens_per_s', 0.0):5.1f}/s | KV {100 * kv:4.1f}% | active "
                         f"{int(mon.diag_value('active_requests', 0) or 0)} | memory {mem} | obs age "
-                        f"{mon.diag_value('observation_age_s', -1):.2f} s | {_level(mon.diag, 'oxygen_node: control')}")
+                        f"{mon.diag_value('observation_age_s', -1):.2f} s | "
+                        f"{diag_level(mon.diag, 'oxygen_node: control')}")
                 if partial:
                     rid = max(partial)
                     line += f" | streaming #{rid}: {''.join(partial[rid])[-24:]!r}"
@@ -194,56 +188,17 @@ def _bag_demo(a) -> int:
         print(f"   answer: {text[:80]!r}")
     for _, eid, text in memory[:3]:
         print(f"   memory #{eid}: {text[:80]!r}")
-    print("diagnostics  " + ", ".join(f"{k.split(': ')[-1]}={_level(diag, k)}" for k in sorted(diag)))
+    print("diagnostics  " + ", ".join(f"{k.split(': ')[-1]}={diag_level(diag, k)}" for k in sorted(diag)))
     print(f"node exit    code {rc} after SIGINT in {dt_stop:.2f} s")
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2, default=float))
     print(f"wrote {out / 'demo_summary.json'}")
     if not a.no_plot:
         png = out / "demo_timeline.png"
-        _plot(png, t_start, chunks, new_chunk, tokens, asked, responses)
+        plot_timeline(png, t_start, chunks, new_chunk, tokens, asked, responses)
         print(f"wrote {png} (timeline: action chunks, tokens per request, latency)")
     if not a.checkpoint:
         print(RANDOM_NOTE.format(preset=a.preset))
     return 0 if rc == 0 and chunks else 1
-
-
-def _plot(png, t0, chunks, new_chunk, tokens, asked, responses) -> None:
-    import matplotlib  # noqa: PLC0415
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
-    if chunks:
-        t = np.array([c[0] for c in chunks]) - t0
-        g = np.diff(t) * 1e3
-        ax[0].plot(t[1:], g, ".", ms=2, label="action_chunk inter-arrival")
-        ax[0].axhline(1e3 / 70, color="k", lw=0.8, ls="--", label="1/70 s")
-        for c in new_chunk.values():
-            ax[0].axvline(c[0] - t0, color="tab:orange", lw=0.3, alpha=0.5)
-        ax[0].set_ylabel("ms")
-        ax[0].set_ylim(0, max(40.0, float(np.percentile(g, 99)) * 1.2) if g.size else 40)
-        ax[0].legend(loc="upper right", fontsize=8)
-        ax[0].set_title("control output (orange: a new chunk arrived)")
-    rid_rows = {}
-    for x in tokens:
-        rid_rows.setdefault((x[2], x[1]), []).append(x[0] - t0)
-    colors = {"conversation": "tab:blue", "memory": "tab:green", "subtask": "tab:purple"}
-    for i, ((task, rid), ts) in enumerate(sorted(rid_rows.items(), key=lambda kv: kv[0][1])):
-        ax[1].plot(ts, [rid] * len(ts), "|", color=colors.get(task, "gray"), ms=6)
-    for tq in asked:
-        ax[1].axvline(tq - t0, color="tab:red", lw=0.8, ls=":")
-    ax[1].set_ylabel("request id")
-    ax[1].set_title("language tokens (blue conversation, green memory; red: question asked)")
-    if new_chunk:
-        cs = sorted(new_chunk.values())
-        ax[2].plot([c[0] - t0 for c in cs], [c[5] for c in cs], ".-", ms=3, label="inference latency (ms)")
-        ax[2].plot([c[0] - t0 for c in cs], [1e3 * c[6] for c in cs], ".", ms=3, label="observation age (ms)")
-        ax[2].legend(loc="upper right", fontsize=8)
-    ax[2].set_xlabel("seconds since start")
-    ax[2].set_ylabel("ms")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

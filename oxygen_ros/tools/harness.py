@@ -1,5 +1,6 @@
-"""Shared plumbing for ``oxygen demo`` and ``oxygen ros-bench``: run ``oxygen_node`` as a child process, watch its
-outputs from an in-process rclpy node, feed it a bag, and summarise timing.
+"""Shared plumbing for the tools that run the node (``oxygen demo``, ``ros-bench``, ``soak``, ``replay``, ``bag-eval``)
+and for the tests: run ``oxygen_node`` as a child process, watch its outputs from an in-process rclpy node, feed it a
+bag, and summarise timing.  It serves ``tools/`` (and ``test/conftest.py``), never the node itself, so it lives here.
 
 This file owns no ROS logic of its own.  ``default_params_file()`` finds ``config/oxygen.yaml`` (source checkout or
 installed share dir); ``NodeProcess`` starts ``python -m oxygen_ros.ros.node`` with that file plus overrides, logs to

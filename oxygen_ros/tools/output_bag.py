@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .bag_types import typestore
 from .topic_names import TopicNames
 
 __all__ = ["OUTPUTS", "OutputBag", "bag_files"]
@@ -47,8 +48,6 @@ class OutputBag:
     def __init__(self, path: str | os.PathLike, names: TopicNames | None = None, *, storage: str = "mcap",
                  overwrite: bool = False):
         from rosbags.rosbag2 import StoragePlugin, Writer  # noqa: PLC0415
-
-        from .bags import typestore  # noqa: PLC0415
 
         self.path = Path(path)
         if self.path.exists():

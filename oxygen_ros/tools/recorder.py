@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from .bag_types import msg_class
 from .output_bag import OUTPUTS, OutputBag
 
 __all__ = ["OutputRecorder"]
@@ -25,16 +26,14 @@ class OutputRecorder:
         from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: PLC0415
         from rclpy.serialization import deserialize_message  # noqa: PLC0415
 
-        from .bags import _msg_class  # noqa: PLC0415
-
         self.bag, self.clock_ns, self.every_tick = bag, clock_ns, every_tick
-        self._chunk_type = _msg_class(OUTPUTS["action_chunk"])
+        self._chunk_type = msg_class(OUTPUTS["action_chunk"])
         self._deserialize = deserialize_message
         self._last_chunk: int | None = None       # a chunk's messages are consecutive: a newer chunk replaces it
         self._lock = threading.Lock()
         self.received = 0
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        self._subs = [node.create_subscription(_msg_class(typ), bag.topics[out],
+        self._subs = [node.create_subscription(msg_class(typ), bag.topics[out],
                                                lambda raw, out=out: self._on_message(out, raw), qos, raw=True)
                       for out, typ in OUTPUTS.items()]
 

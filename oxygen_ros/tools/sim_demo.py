@@ -28,7 +28,7 @@ def run(a) -> int:
     from oxygen_ros.ros.lockstep import default_sim_params  # noqa: PLC0415
     from oxygen_ros.sim.tasks import QUESTIONS, TASKS, draw_task  # noqa: PLC0415
 
-    from .demo import RANDOM_NOTE, _level, _plot  # noqa: PLC0415
+    from .demo_timeline import RANDOM_NOTE, diag_level, plot_timeline  # noqa: PLC0415
     from .harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
     from .sim_report import normalise  # noqa: PLC0415
     from .sim_realtime import SimWatch  # noqa: PLC0415
@@ -84,7 +84,7 @@ def run(a) -> int:
         for task in tasks:
             for _ in range(a.episodes):
                 results.append(_episode(a, task, seed, watch, mon, node, sim, draw_task(task, seed), QUESTIONS,
-                                        qa, memories, video, normalise, _level))
+                                        qa, memories, video, normalise, diag_level))
                 seed += 1
     except KeyboardInterrupt:
         print("\ninterrupted", flush=True)
@@ -129,7 +129,7 @@ def run(a) -> int:
         print(f"wrote {video.write(out / 'demo.mp4')} ({len(video.frames)} frames: cameras, joints, answers)")
     if not a.no_plot:
         png = out / "demo_timeline.png"
-        _plot(png, t_start, chunks, new_chunk, tokens, {}, responses)
+        plot_timeline(png, t_start, chunks, new_chunk, tokens, {}, responses, control_hz=50.0)
         print(f"wrote {png}")
     return 0 if rc_node == 0 and rc_sim == 0 and results else 1
 

@@ -29,23 +29,17 @@ import time
 import traceback
 from pathlib import Path
 
-__all__ = ["main", "parse_language", "run_grid", "merge"]
+__all__ = ["main", "run_grid", "merge"]
 
 
-def parse_language(text: str) -> tuple[float, float]:
-    """'none' | 'q<s>' | 'm<s>' | 'q<s>m<s>' -> (question_every_s, memory_every_s)."""
-    import re  # noqa: PLC0415
-
-    t = text.strip().lower()
-    if t == "none":
-        return 0.0, 0.0
-    m = re.fullmatch(r"(?:q(\d+(?:\.\d+)?))?(?:m(\d+(?:\.\d+)?))?", t)
-    if not m or not (m.group(1) or m.group(2)):
-        raise argparse.ArgumentTypeError(f"language load must be none, q<s>, m<s> or q<s>m<s> (e.g. q1m2), got {text!r}")
-    q, mm = float(m.group(1) or 0), float(m.group(2) or 0)
-    if (m.group(1) and q <= 0) or (m.group(2) and mm <= 0):
-        raise argparse.ArgumentTypeError(f"language load periods must be > 0, got {text!r}")
-    return q, mm
+def _language(text: str) -> str:
+    """argparse type of a language load label (checked by ``LanguageLoad.parse_periods``)."""
+    from oxygen_ros.ros.lockstep import LanguageLoad  # noqa: PLC0415 - ROS message types load only when used
+    try:
+        LanguageLoad.parse_periods(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _csv(choices=None, conv=str):
@@ -96,7 +90,7 @@ class _Worker:
                 ov["checkpoint"] = ""
             else:
                 ov["checkpoint"] = c["policy"]
-            q, m = parse_language(cell["language"])
+            q, m = LanguageLoad.parse_periods(cell["language"])
             lang = LanguageLoad(q, m, QUESTIONS)
             self.policies[key] = PipelinePolicy(sim_settings(c["params"], ov), expert=expert,
                                                 horizon=c["horizon"], language=lang)
@@ -387,7 +381,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunking", type=_csv(("blend", "none", "rtc")), default=["blend"])
     ap.add_argument("--delay-ms", type=_csv(conv=float), default=[0.0],
                     help="injected inference delays, ms (rounded to 20 ms control steps)")
-    ap.add_argument("--language", type=_csv(conv=lambda x: (parse_language(x), x)[1]), default=["none"],
+    ap.add_argument("--language", type=_csv(conv=_language), default=["none"],
                     help="language loads: none | q<s> | m<s> | q<s>m<s> (question / memory request periods)")
     ap.add_argument("--workers", type=int, default=1, help="parallel worker processes (lockstep)")
     ap.add_argument("--clock", choices=("lockstep", "realtime"), default="lockstep",

@@ -156,12 +156,12 @@ class RealtimeCell:
         from oxygen_ros.sim.tasks import QUESTIONS, draw_task  # noqa: PLC0415
 
         from .harness import NodeProcess, isolate_dds  # noqa: PLC0415
-        from .sim_eval import parse_language  # noqa: PLC0415
+        from oxygen_ros.ros.lockstep import LanguageLoad  # noqa: PLC0415
 
         c, cell = self.c, self.cell
         if c["policy"] == "expert":
             raise ValueError("the scripted expert needs the simulation's internals: it runs in lockstep only")
-        q_every, m_every = parse_language(cell["language"])
+        q_every, m_every = LanguageLoad.parse_periods(cell["language"])
         isolate_dds()
         node_params = dict(c["overrides"])
         node_params.update(use_sim_time=True, engine_mode=cell["engine_mode"], chunking=cell["chunking"],

@@ -47,7 +47,7 @@ from ..engine.requests import RTCRequest  # noqa: E402
 from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer  # noqa: E402
 from ..model.rtc import rtc_target, sample_actions_rtc  # noqa: E402
 from ..ros.control import ChunkBuffer  # noqa: E402
-from .bench import hardware  # noqa: E402
+from .bench.report import hardware  # noqa: E402
 
 MODES = ("none", "blend", "rtc")
 PROMPT = "pick up the red block"
@@ -214,7 +214,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oxygen smoothness", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cpu")
@@ -238,18 +238,25 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--no-stream", action="store_true", help="do not write the executed streams (streams.json)")
     p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>-<host>-smoothness)")
-    return p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    """``oxygen smoothness``: run the simulation, write its files; exit status 0 (bad arguments: 2)."""
+    run(argv)
+    return 0
 
 
 def run(argv=None) -> dict:
-    """The benchmark; returns its results document (what results.json holds)."""
-    a = parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    """The simulation: returns the results document (also written as results.json)."""
+    p = parser()
+    a = p.parse_args(argv)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise SystemExit(f"unknown mode(s) {bad}; expected {MODES}")
+        p.error(f"unknown mode(s) {bad}; expected {MODES}")
+    if a.threads:
+        torch.set_num_threads(a.threads)
     over = {} if a.S is None else {"num_denoise_steps": a.S}
     cfg = get_config(a.preset, **over)
     model = build_model(cfg, device=a.device, dtype=a.dtype, seed=a.seed)
@@ -262,7 +269,7 @@ def run(argv=None) -> dict:
     H = cfg.action_horizon
     s = a.execution_horizon if a.execution_horizon is not None else H // 2
     if not 1 <= s < H:
-        raise SystemExit(f"--execution-horizon must be in [1, {H - 1}]")
+        p.error(f"--execution-horizon must be in [1, {H - 1}]")
     blend = a.blend_steps if a.blend_steps is not None else H - s
     frames, noise = make_inputs(cfg, a.chunks, a.seed)
     if a.control_hz is None:                           # auto: the unguided cycle's p95 latency = 2 control steps
@@ -326,12 +333,6 @@ def run(argv=None) -> dict:
     print(f"\n[smoothness] wrote {out_dir}/results.json, table.txt" + ("" if a.no_stream else ", streams.json"))
     doc["out_dir"] = out_dir
     return doc
-
-
-def main(argv=None) -> int:
-    """``oxygen smoothness``: exit status 0 after a run (``run`` returns the results)."""
-    run(argv)
-    return 0
 
 
 if __name__ == "__main__":

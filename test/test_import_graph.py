@@ -1,0 +1,108 @@
+"""No import cycles in ``oxygen_ros``: the package's own imports form a graph without cycles.
+
+The graph is read from the source (``ast``), not by importing: every ``import`` / ``from ... import`` statement of
+every module, at module level *and* inside functions (a lazy import that closes a cycle is a cycle too: it only
+moves the failure to the first call, as ``tools/bags.py`` -> ``output_bag.py`` -> ``bags.py`` did).  A statement
+``from pkg import name`` points at the submodule ``pkg.name`` when that is a module, else at ``pkg`` itself (its
+``__init__``); the implicit import of parent packages is not an edge (a package's ``__init__`` importing its own
+submodules is how packages are built, not a cycle).  Generated messages (``oxygen_ros.msg`` ...) are not in the source
+tree and are ignored.  The checker itself is tested on a planted lazy cycle.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted name -> file of every module under the package directory ``root`` (``__init__`` = the package)."""
+    out = {}
+    for f in sorted(root.rglob("*.py")):
+        parts = list(f.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+def import_edges(root: Path) -> dict[str, set[str]]:
+    """Module -> the package modules its import statements name (anywhere in the file)."""
+    mods = module_names(root)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for name, f in mods.items():
+        is_pkg = f.name == "__init__.py"
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    pkg = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    pkg = node.module or ""
+                targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in mods else pkg for a in node.names]
+            for t in targets:
+                while t and t not in mods:          # `import a.b.c` of a non-module attribute path: its module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    edges[name].add(t)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_cycle():
+    edges = import_edges(PACKAGE)
+    assert len(edges) > 40 and "oxygen_ros.tools.bag_types" in edges["oxygen_ros.tools.output_bag"]
+    found = cycles(edges)
+    assert found == [], "import cycles (modules importing each other, directly or through others, lazily or not): " \
+        + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_checker_finds_a_lazy_cycle(tmp_path):
+    """A planted package: a -> b at module level, b -> a inside a function (the shape of the old bags/output_bag
+    cycle), plus c importing its own package's __init__, which is not a cycle."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .c import C\n")
+    (pkg / "a.py").write_text("from .b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.a import x  # noqa\n")
+    (pkg / "sub" / "c.py").write_text("from . import d\nfrom .. import a\nC = 1\n")
+    (pkg / "sub" / "d.py").write_text("import os\n")
+    edges = import_edges(pkg)
+    assert edges["pkg.sub.c"] == {"pkg.sub.d", "pkg.a"} and edges["pkg.sub"] == {"pkg.sub.c"}
+    assert cycles(edges) == [["pkg.a", "pkg.b"]]
