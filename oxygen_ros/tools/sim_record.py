@@ -61,7 +61,7 @@ class EpisodeBagWriter:
     def __init__(self, path: Path):
         from rosbags.rosbag2 import StoragePlugin, Writer  # noqa: PLC0415
 
-        from .bags import typestore  # noqa: PLC0415
+        from .bag_types import typestore  # noqa: PLC0415
 
         self.ts = ts = typestore()
         self.T = {k: ts.types[v] for k, v in {"Image": "sensor_msgs/msg/Image", "JointState": "sensor_msgs/msg/JointState",
