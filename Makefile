@@ -43,7 +43,7 @@ $(VENV)/.launch-stamp: $(VENV)/.deps-stamp requirements-launch.txt $(wildcard $(
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q -ra test $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=25 test $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/oxygen demo $(DEMO_ARGS)
