@@ -165,13 +165,13 @@ def _tiny() -> Pi05Config:
 
 def _demo() -> Pi05Config:
     # The shipped demo policy (trained from scratch on the simulation's expert episodes by `make train-demo`): the
-    # simulated ALOHA's three 96 px cameras at patch 12 (8 x 8 = 64 tokens each), towers sized so that training does
-    # ~10^4 batch-32 steps per hour on 2 CPU cores and the node runs >= 15 cycles/s with language load (measured in the
-    # training card, checkpoints/demo/README.md).  action_dim 14 = the robot's joints (no padded dims to learn);
+    # simulated ALOHA's three 96 px cameras at patch 16 (6 x 6 = 36 tokens each; a cube is ~6 px in the top camera),
+    # towers sized so that training does several thousand batch-32 steps per hour on 2 CPU cores and the node runs
+    # >= 15 cycles/s with language load (measured in the training card, checkpoints/demo/README.md).  action_dim 14 = the robot's joints (no padded dims to learn);
     # H = 20 rows = 0.4 s at 50 Hz; vocabulary = the trained SentencePiece model's (<= 1024); prompts <= 48 tokens.
     return Pi05Config(
         name="demo",
-        vision=VisionConfig(width=128, depth=4, num_heads=4, mlp_dim=512, patch_size=12, image_size=96),
+        vision=VisionConfig(width=128, depth=4, num_heads=4, mlp_dim=512, patch_size=16, image_size=96),
         vlm=GemmaConfig(width=128, depth=4, mlp_dim=512, num_heads=4, num_kv_heads=1, head_dim=32),
         expert=GemmaConfig(width=64, depth=4, mlp_dim=256, num_heads=4, num_kv_heads=1, head_dim=32, adarms=True),
         vocab_size=1024, num_cameras=3, max_token_len=48, action_dim=14, action_horizon=20, num_denoise_steps=10,

@@ -47,7 +47,7 @@ CONTROL_DT = 0.02                                        # 50 Hz
 _START_ARM = (0.0, -0.96, 1.16, 0.0, -0.3, 0.0)
 # gym-aloha's puppet gripper normalisation: finger joint position <-> 0 (closed) .. 1 (open)
 _FINGER_CLOSE, _FINGER_OPEN = 0.01844, 0.05800
-TOP_FOVY = 52.0
+TOP_FOVY = 36.0
 _PARK = np.array([0.0, 3.0, -1.0])                       # where unused cubes wait (out of every camera's view)
 
 
@@ -160,7 +160,7 @@ class AlohaScene:
             b.add_geom(name=f"cube{i}", type=mujoco.mjtGeom.mjGEOM_BOX, size=[CUBE_HALF] * 3, rgba=[1, 1, 1, 1],
                        condim=4, friction=[1, 0.005, 1e-4], solimp=[2, 1, 0.01, 0.5, 2], solref=[0.01, 1])
         # gym-aloha's top camera sees the whole room (fovy 78) for 480x640 images; at the model's small square input a
-        # cube would be 2-3 px.  Same camera, narrowed to the workspace between the arms (a 4 cm cube ~ 6 px at 96 px).
+        # cube would be 2-3 px.  Same camera, narrowed to where the cubes lie (a 4 cm cube ~ 6-7 px at 96 px).
         spec.camera("top").fovy = TOP_FOVY
         for arm in ARMS:                                     # between the finger pads, on the gripper's axis
             spec.body(f"vx300s_{arm}/gripper_link").add_site(name=f"{arm}_grip", pos=[0.135, 0, 0],
