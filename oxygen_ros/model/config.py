@@ -1,7 +1,8 @@
 """Configuration of the pi0.5 model: one frozen ``Pi05Config`` (vision / VLM / action-expert towers + top level) and
 named presets (``pi05`` = the real model exactly as in the reference, ``bench-cpu`` = the fixed benchmark model,
-``tiny`` = same architecture at toy widths for tests, ``demo`` = the size of the shipped simulation policy).  Every tensor shape in ``pi05.py`` is derived
-from these fields; nothing else in the package hard-codes a width, a head count or a token count.
+``tiny`` = same architecture at toy widths for tests, ``demo`` = the size of the shipped simulation policy).  Every
+tensor shape in ``pi05.py`` is derived from these fields; nothing else in the package hard-codes a width, a head
+count or a token count.
 """
 from __future__ import annotations
 
@@ -167,7 +168,8 @@ def _demo() -> Pi05Config:
     # The shipped demo policy (trained from scratch on the simulation's expert episodes by `make train-demo`): the
     # simulated ALOHA's three 96 px cameras at patch 16 (6 x 6 = 36 tokens each; a cube is ~6 px in the top camera),
     # towers sized so that training does several thousand batch-32 steps per hour on 2 CPU cores and the node runs
-    # >= 15 cycles/s with language load (measured in the training card, checkpoints/demo/README.md).  action_dim 14 = the robot's joints (no padded dims to learn);
+    # >= 15 cycles/s with language load (measured in the training card, checkpoints/demo/README.md).
+    # action_dim 14 = the robot's joints (no padded dims to learn);
     # H = 20 rows = 0.4 s at 50 Hz; vocabulary = the trained SentencePiece model's (<= 1024); prompts <= 48 tokens.
     return Pi05Config(
         name="demo",

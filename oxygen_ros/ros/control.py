@@ -158,16 +158,17 @@ class ChunkBuffer:
         return (1 - u) * ch.actions[j].astype(np.float64) + u * ch.actions[j + 1].astype(np.float64)
 
     def _limit_references(self, old: _Chunk | None, t0: float, t_switch: float):
-        """What a new chunk whose first executed row is due at ``t0`` must stay within the step limit of, so that the
-        executed command changes by at most the limit per control step whichever consumer executes it: the
-        ``action_chunk`` stream (``prev``: the action executed last) and a joint_trajectory_controller, which switches
-        to the new trajectory at ``t_switch`` (its stamp t0, or its arrival when that is later: rtc stamps may lie up
-        to a step in the past) and interpolates between points at any phase.  The controller's command over one
-        control period then compares the new plan at t with what it executed at s = t - step_dt, for s in
+        """What a new chunk whose first executed row is due at ``t0`` must stay within the step limit of, so that
+        the executed command changes by at most the limit per control step whichever consumer executes it: the
+        ``action_chunk`` stream (``prev``: the action executed last) and a joint_trajectory_controller, which
+        switches to the new trajectory at ``t_switch`` (its stamp t0, or its arrival when that is later: rtc stamps
+        may lie up to a step in the past) and interpolates between points at any phase. The controller's command
+        over one control period then compares the new plan at t with what it executed at s = t - step_dt, for s in
         [t0 - step_dt, t_switch]; both are piecewise linear, so it suffices to bound the difference at the
         breakpoints s (t0 - step_dt, t0, t_switch, the executed plans' row times and switches, both sides of a
-        switch): at each, the new rows around s + step_dt are anchored to what was executed at s.  Row 0 is also kept within the limit of the previous plan at t0 itself (what the robot was
-        doing at the switch).  Returns (prev, anchors) for ``ActionSpace.limit_steps``."""
+        switch): at each, the new rows around s + step_dt are anchored to what was executed at s. Row 0 is also kept
+        within the limit of the previous plan at t0 itself (what the robot was doing at the switch). Returns (prev,
+        anchors) for ``ActionSpace.limit_steps``."""
         if old is None or self._index_at(old, t0) >= len(old.actions):
             return self._last_action, ()
         dt = self.step_dt

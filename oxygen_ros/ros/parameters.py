@@ -32,7 +32,8 @@ PARAMETERS: dict[str, tuple] = {
     "autostart": (BOOL, True, "Run configure + activate at start (false: wait for a lifecycle manager).", None),
     "checkpoint": (STRING, "", "pi0.5 checkpoint directory (openpi/LeRobot safetensors + norm stats); "
                                "`demo` = the shipped simulation policy; empty = random weights of `preset`.", None),
-    "preset": (STRING, "tiny", "Model architecture when no checkpoint is given.", ("tiny", "bench-cpu", "demo", "pi05")),
+    "preset": (STRING, "tiny", "Model architecture when no checkpoint is given.",
+               ("tiny", "bench-cpu", "demo", "pi05")),
     "device": (STRING, "cpu", "Torch device: cpu, cuda, cuda:N or auto.", None),
     "torch_threads": (INT, 1, "Torch intra-op CPU threads; 0 = torch's default (all cores). 1 keeps the control "
                               "thread responsive and avoids OpenMP oversubscription on shared CPUs.", (0, 1024)),

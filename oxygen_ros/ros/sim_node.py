@@ -107,7 +107,8 @@ class SimNode(Node):
         self.dt = CONTROL_DT
         self.camera_every = int(round(every))
         reliable = QoSProfile(depth=5, reliability=ReliabilityPolicy.RELIABLE)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
         self.pub_cams = [self.create_publisher(Image, t, reliable) for t in SLOT_TOPICS]
         self.pub_joints = self.create_publisher(JointState, "joint_states", 10)
         self.pub_exec = self.create_publisher(JointState, "executed_action", 50)
@@ -184,7 +185,8 @@ class SimNode(Node):
     def _run(self) -> None:
         from oxygen_ros.sim.execution import TrajectoryExecutor, TrajectoryRejected  # noqa: PLC0415
         from oxygen_ros.sim.scene import AlohaScene  # noqa: PLC0415
-        from oxygen_ros.sim.tasks import MEMORY_PROMPT, TaskMonitor, draw_task, memory_text, scene_answers, scene_facts  # noqa: PLC0415,E501
+        from oxygen_ros.sim.tasks import (MEMORY_PROMPT, TaskMonitor, draw_task, memory_text,  # noqa: PLC0415
+                                          scene_answers, scene_facts)
 
         p, log = self.p, self.get_logger()
         sim = AlohaScene((int(p["camera_size"]),) * 2)

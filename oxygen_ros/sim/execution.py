@@ -64,8 +64,8 @@ class TrajectoryExecutor:
         self._active: _Active | None = None
         self._queue: list[_Active] = []          # submitted, not started yet (submission order)
         self._last_cmd = self.hold.copy()
-        self._since = None
-        self.switches = 0                        # trajectories that have taken over so far                       # when the robot started holding (set lazily at the first command)
+        self._since = None                       # when the robot started holding (set at the first idle_for)
+        self.switches = 0                        # trajectories that have taken over so far
 
     # ---- input ---------------------------------------------------------------------------------------------------
     def validate(self, tr: Trajectory) -> _Active:

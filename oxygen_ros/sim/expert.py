@@ -167,7 +167,7 @@ class Expert:
                 Waypoint(5.0, meet, side, CLOSED),
                 Waypoint(5.4, meet, side, OPEN),
                 Waypoint(6.0, meet - tip * 0.10 + up * 0.02, side, OPEN)])
-            vert = gripper_frame(-tip, across)               # facing the right gripper's tips, closing on the free faces
+            vert = gripper_frame(-tip, across)               # facing the right gripper's tips, closing on free faces
             plans["left"] = ArmPlan([
                 start["left"],
                 Waypoint(2.8, start["left"].pos, start["left"].R, OPEN),

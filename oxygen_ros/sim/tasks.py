@@ -55,7 +55,8 @@ class TaskSpec:
     seed: int
     scene: SceneSpec
     target: str                   # colour of the cube the task is about
-    arm: str                      # the arm that acts first (reach: the named one; pick: the cube's side; transfer: right)
+    arm: str                      # the arm that acts first (reach: the named one; pick: the cube's side;
+                                  # transfer: right)
     instruction: str
     time_limit_s: float
 

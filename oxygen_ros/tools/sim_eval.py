@@ -121,7 +121,8 @@ class _Worker:
         video = None
         if job.get("video"):
             from .sim_video import EpisodeVideo  # noqa: PLC0415
-            video = EpisodeVideo(f"{spec.task} seed {spec.seed}: {spec.instruction}", 1.0 / (CONTROL_DT * c["camera_every"]))
+            video = EpisodeVideo(f"{spec.task} seed {spec.seed}: {spec.instruction}",
+                                 1.0 / (CONTROL_DT * c["camera_every"]))
             cmds = []
 
             def on_step(t, state, cmd, monitor):

@@ -146,7 +146,7 @@ class SimWatch:
 
 
 class RealtimeCell:
-    """Run one grid cell's episodes through sim_node + oxygen_node.  ``common``/``cell``: as in ``tools/sim_eval.py``."""
+    """Run one grid cell's episodes through sim_node + oxygen_node (``common`` / ``cell``: as in sim_eval.py)."""
 
     def __init__(self, common: dict, cell: dict, log_dir: Path, rtf: float):
         self.c, self.cell, self.log_dir, self.rtf = common, cell, Path(log_dir), float(rtf)

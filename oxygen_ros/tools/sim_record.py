@@ -64,11 +64,11 @@ class EpisodeBagWriter:
         from .bag_types import typestore  # noqa: PLC0415
 
         self.ts = ts = typestore()
-        self.T = {k: ts.types[v] for k, v in {"Image": "sensor_msgs/msg/Image", "JointState": "sensor_msgs/msg/JointState",
-                                              "String": "std_msgs/msg/String", "Header": "std_msgs/msg/Header",
-                                              "Time": "builtin_interfaces/msg/Time",
-                                              "EpisodeStatus": "oxygen_ros/msg/EpisodeStatus",
-                                              "TextTarget": "oxygen_ros/msg/TextTarget"}.items()}
+        names = {"Image": "sensor_msgs/msg/Image", "JointState": "sensor_msgs/msg/JointState",
+                 "String": "std_msgs/msg/String", "Header": "std_msgs/msg/Header",
+                 "Time": "builtin_interfaces/msg/Time",
+                 "EpisodeStatus": "oxygen_ros/msg/EpisodeStatus", "TextTarget": "oxygen_ros/msg/TextTarget"}
+        self.T = {k: ts.types[v] for k, v in names.items()}
         self.writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
         self.writer.open()
         self.conns = {k: self.writer.add_connection(TOPICS[k], TYPES[k], typestore=ts) for k in TOPICS}

@@ -290,7 +290,8 @@ def split_episodes(episodes: list[Episode], val_fraction: float, seed: int = 0):
     k = min(max(k, 1 if val_fraction > 0 and n > 1 else 0), n - 1)
     order = np.random.default_rng(seed).permutation(n)
     val_idx = set(order[:k].tolist())
-    return ([e for i, e in enumerate(episodes) if i not in val_idx], [e for i, e in enumerate(episodes) if i in val_idx])
+    return ([e for i, e in enumerate(episodes) if i not in val_idx],
+            [e for i, e in enumerate(episodes) if i in val_idx])
 
 
 def to_policy_actions(actions: np.ndarray, state: np.ndarray, delta_mask) -> np.ndarray:

@@ -1,12 +1,13 @@
 """A SentencePiece vocabulary for the domain, trained on the texts the model will read and write.
 
-This file owns the tokenizer a trained checkpoint ships: ``train_tokenizer(lines, path, vocab_size)`` trains a
-BPE SentencePiece model (on a corpus this small BPE keeps whole words - "cube", "gripper" - where unigram splits
-them into letters), with each state bin "0".."255" of the action prompt a single piece (user-defined symbols), on the exact strings of training - every action prompt (instruction + discretised state
-bins, ``model/processing.py`` ``action_prompt``), every language prompt (``language_prompt``) and every answer /
-memory description - with the special ids the model's config uses (pad 0, eos 1, bos 2, unk 3) and byte fallback (any
-text still encodes), and writes it as ``paligemma_tokenizer.model``, the name ``model/tokenizer.py`` looks for in a
-checkpoint directory, so the node loads it with the weights.  ``domain_lines`` builds that corpus from episodes.
+This file owns the tokenizer a trained checkpoint ships: ``train_tokenizer(lines, path, vocab_size)`` trains a BPE
+SentencePiece model (on a corpus this small BPE keeps whole words - "cube", "gripper" - where unigram splits them into
+letters), with each state bin "0".."255" of the action prompt a single piece (user-defined symbols), on the exact
+strings of training - every action prompt (instruction + discretised state bins, ``model/processing.py``
+``action_prompt``), every language prompt (``language_prompt``) and every answer / memory description - with the
+special ids the model's config uses (pad 0, eos 1, bos 2, unk 3) and byte fallback (any text still encodes), and
+writes it as ``paligemma_tokenizer.model``, the name ``model/tokenizer.py`` looks for in a checkpoint directory, so
+the node loads it with the weights. ``domain_lines`` builds that corpus from episodes.
 """
 from __future__ import annotations
 
