@@ -42,8 +42,10 @@ $(VENV)/.launch-stamp: $(VENV)/.deps-stamp requirements-launch.txt $(wildcard $(
 	$(PY) -m pip check
 	touch $@
 
+# TEST_WORKERS=1 runs the files one after another (xdist still collects; -p no:xdist for none at all).
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -ra --durations=25 test $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile test $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/oxygen demo $(DEMO_ARGS)
@@ -58,8 +60,8 @@ ros-bench: setup
 # (seeds 100000-100299 per task; the second half with detour noise) -> train -> checkpoints/demo.
 DATA ?= data
 RUN ?= runs/demo
-TRAIN_ARGS ?= --preset demo --steps 3600 --batch-size 32 --lr 3e-4 --warmup 200 --bf16 --compile --threads 2 \
-	--val-fraction 0.03 --ckpt-every 600 --val-every 400
+TRAIN_ARGS ?= --preset demo --steps 5000 --batch-size 32 --lr 4e-4 --warmup 300 --text-weight 1.0 --bf16 --compile \
+	--threads 2 --val-fraction 0.03 --ckpt-every 1000 --val-every 500 --log-every 50
 train-demo: setup
 	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_a --seeds 100000:100150 --overwrite --quiet
 	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_b --seeds 100150:100300 --noise 0.03 --overwrite --quiet
@@ -68,7 +70,7 @@ train-demo: setup
 
 # The demo policy's evaluation on unseen seeds (lockstep), recorded under bench/results/.
 eval-demo: setup
-	$(VENV)/bin/oxygen sim-eval --policy demo --task reach,pick,transfer --seeds 0:100 --workers 2 $(EVAL_ARGS)
+	$(VENV)/bin/oxygen sim-eval --policy demo --task reach,pick,transfer --seeds 0:100 --language q1m2 --workers 2 $(EVAL_ARGS)
 
 # Only when a change of the node's outputs is intended (see test/bag_golden.py and the README).
 golden: setup

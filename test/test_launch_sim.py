@@ -1,5 +1,6 @@
 """launch_pytest test of ``launch/sim.launch.py``: the simulated robot (``sim_node``) and the policy node
-(``oxygen_node``, tiny random weights) in closed loop over DDS, through the real ROS 2 ``launch``.
+(``oxygen_node`` with the shipped demo policy: random weights would command a new random pose every control step,
+which no arm can track) in closed loop over DDS, through the real ROS 2 ``launch``.
 
 Checked for a few seconds of sim time: the cameras and ``joint_states`` arrive; ``/clock`` drives the policy node
 (its chunks are stamped in sim time, far from wall time); the trajectories the node sends are executed (every
@@ -44,8 +45,8 @@ def launched():
 
 @launch_pytest.fixture
 def sim_launch(process_watch, launched):
-    return _describe(launched, "sim.launch.py", {"preset": "tiny", "task": "reach", "real_time_factor": "0.5",
-                                                 "camera_size": "48", "log_level": "warn"})
+    return _describe(launched, "sim.launch.py", {"checkpoint": "demo", "task": "reach",
+                                                 "real_time_factor": "0.5", "log_level": "warn"})
 
 
 def _ns(stamp) -> int:
@@ -113,16 +114,24 @@ def test_sim_launch_closes_the_loop_and_rejects_bad_trajectories(ros, process_wa
         checked += 1
         matched += any(np.allclose(_interp(good[j], t), m.position, atol=1e-6) for j in (k, k - 1))
     assert checked > 20 and matched >= 0.95 * checked, (matched, checked)
-    # the joints move toward the commands: the error shrinks within 0.2 s of sim time where it was large
-    state_at = {_ns(s.header.stamp): np.asarray(s.position) for s in st}
+    # the joints move toward the commands: where the target held still for 0.2 s of sim time (a random policy's
+    # targets jump between chunks) and the joint was far from it, the error shrank; windows across a physics reset
+    # (MuJoCo resets a diverged state: the joints jump) are left out
+    state_at = {_ns(s.header.stamp): np.asarray(s.position)[:6] for s in st}
+    cmd_at = {_ns(m.header.stamp): np.asarray(m.position)[:6] for m in cm}
+    step_ns = min(np.diff(sorted(cmd_at))) if len(cmd_at) > 1 else 0
     shrink = []
-    for m in cm:
-        t = _ns(m.header.stamp)
-        if t in state_at and t + 200_000_000 in state_at:
-            e0 = np.abs(state_at[t] - m.position)[:6]
-            e1 = np.abs(state_at[t + 200_000_000] - m.position)[:6]
-            big = e0 > 0.05
-            shrink += list(e1[big] < e0[big])
-    assert len(shrink) > 10 and np.mean(shrink) > 0.7, (len(shrink), np.mean(shrink) if shrink else None)
+    for t, c0 in cmd_at.items():
+        window = [t + k * step_ns for k in range(int(round(200_000_000 / max(step_ns, 1))) + 1)]
+        if step_ns <= 0 or not all(w in cmd_at and w in state_at for w in window):
+            continue
+        traj = np.array([state_at[w] for w in window])
+        if np.any(np.abs(np.diff(traj, axis=0)) > 0.5):
+            continue
+        e0, e1 = np.abs(state_at[t] - c0), np.abs(state_at[window[-1]] - c0)
+        drift = np.max(np.abs(np.array([cmd_at[w] for w in window]) - c0), axis=0)
+        use = (e0 > 0.05) & (drift < 0.25 * e0)
+        shrink += list(e1[use] < e0[use])
+    assert len(shrink) > 10 and np.mean(shrink) > 0.8, (len(shrink), np.mean(shrink) if shrink else None)
     yield
     _check_clean_exit(launched, process_watch)

@@ -1,5 +1,6 @@
-"""Smoke tests of the user-facing ROS tools as separate processes: ``oxygen demo`` (the README's main job; short
-run: status lines, streamed answers, summary, PNG timeline and JSON written, node exits cleanly), ``oxygen ros-bench``
+"""Smoke tests of the user-facing ROS tools as separate processes: ``oxygen demo`` (the README's main job: one short
+closed-loop episode with the shipped policy - summary, scored answers, video, timeline, both nodes exit 0; and the
+open-loop ``--bag`` demo: status lines, streamed answers, summary, PNG timeline and JSON written, node exits cleanly), ``oxygen ros-bench``
 (table + JSON with rate, jitter and camera-to-chunk latency), ``oxygen make-bag``, and that every ``oxygen``
 subcommand of the ROS layer resolves to the function the CLI expects."""
 from __future__ import annotations
@@ -35,8 +36,29 @@ def test_make_bag_cli(tmp_path):
     assert "/camera/base/image_raw" in r.stdout and list((tmp_path / "b").glob("*.db3"))
 
 
-def test_demo_short_run(tmp_path):
-    r = _oxygen("demo", "--duration", "8", "--out", tmp_path)
+def test_demo_closed_loop_short_run(tmp_path):
+    """The README's main job, one short episode: sim_node + oxygen_node (the shipped demo policy) over DDS, the
+    episode's instruction and outcome, questions answered and scored against the ground truth, both nodes exit 0,
+    the video, the timeline and the summary written.  No success or rate is asserted (shared CPUs)."""
+    pytest.importorskip("mujoco", reason="the simulation needs mujoco (requirements.txt)")
+    r = _oxygen("demo", "--episodes", "1", "--tasks", "reach", "--out", tmp_path, timeout=300)
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
+    assert "=== summary ===" in out and "reach" in out and "answers" in out
+    s = json.loads((tmp_path / "demo_summary.json").read_text())
+    assert s["node_exit_code"] == 0 and s["sim_exit_code"] == 0 and s["policy"] == "demo"
+    assert len(s["episodes"]) == 1 and s["episodes"][0]["task"] == "reach" and s["episodes"][0]["seed"] >= 0
+    assert s["answers"] and all(a["ground_truth"] for a in s["answers"]), s["answers"]
+    assert s["inference_rate_hz"] > 0 and s["tokens_per_s"] > 0
+    for name, least in (("demo.mp4", 20_000), ("demo_timeline.png", 10_000)):
+        f = tmp_path / name
+        assert f.is_file() and f.stat().st_size > least, name
+
+
+def test_demo_bag_mode_short_run(tmp_path):
+    """``oxygen demo --bag synthetic`` (the open-loop demo) with random weights: the note says so, status lines,
+    streamed answers, summary, PNG timeline and JSON, the control topic at its rate, a clean and quick node exit."""
+    r = _oxygen("demo", "--bag", "synthetic", "--checkpoint", "", "--duration", "8", "--out", tmp_path)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
     assert "RANDOM-WEIGHT" in out and "--checkpoint" in out

@@ -2,7 +2,8 @@
 
   oxygen node [ROS args]        the lifecycle node (same as `oxygen_node` / `ros2 run oxygen_ros oxygen_node`)
   oxygen sim [ROS args]         the simulated ALOHA robot node (same as `ros2 run oxygen_ros sim_node`)
-  oxygen demo [...]             the main job: node + replayed synthetic bag + questions + live metrics + plot
+  oxygen demo [...]             the main job: the simulated robot driven by the shipped demo policy (closed loop),
+                                questions, memory, live metrics, video + plot; --bag: the open-loop bag demo
   oxygen bench [...]            engine benchmark: isolated vs shared vs oxygen, side by side (no ROS needed)
   oxygen smoothness [...]       executed-action smoothness at chunk switches: none vs blend vs rtc (no ROS needed)
   oxygen make-bag [...]         write a synthetic multi-camera rosbag2
