@@ -4,7 +4,7 @@ which no arm can track) in closed loop over DDS, through the real ROS 2 ``launch
 
 Checked for a few seconds of sim time: the cameras and ``joint_states`` arrive; ``/clock`` drives the policy node
 (its chunks are stamped in sim time, far from wall time); the trajectories the node sends are executed (every
-``executed_action`` command is the newest trajectory interpolated at that time, and the joints move toward the
+``executed_action`` command is the newest trajectory interpolated at that time, and the joints follow the
 commands); trajectories with unknown joint names or NaN are rejected, counted in the simulation's diagnostics and
 never executed; after launch shuts down both processes exited with status 0 and nothing the test started survives.
 Skipped with the reason when ``launch_pytest`` or MuJoCo is not installed."""
@@ -114,24 +114,19 @@ def test_sim_launch_closes_the_loop_and_rejects_bad_trajectories(ros, process_wa
         checked += 1
         matched += any(np.allclose(_interp(good[j], t), m.position, atol=1e-6) for j in (k, k - 1))
     assert checked > 20 and matched >= 0.95 * checked, (matched, checked)
-    # the joints move toward the commands: where the target held still for 0.2 s of sim time (a random policy's
-    # targets jump between chunks) and the joint was far from it, the error shrank; windows across a physics reset
-    # (MuJoCo resets a diverged state: the joints jump) are left out
-    state_at = {_ns(s.header.stamp): np.asarray(s.position)[:6] for s in st}
-    cmd_at = {_ns(m.header.stamp): np.asarray(m.position)[:6] for m in cm}
-    step_ns = min(np.diff(sorted(cmd_at))) if len(cmd_at) > 1 else 0
-    shrink = []
-    for t, c0 in cmd_at.items():
-        window = [t + k * step_ns for k in range(int(round(200_000_000 / max(step_ns, 1))) + 1)]
-        if step_ns <= 0 or not all(w in cmd_at and w in state_at for w in window):
-            continue
-        traj = np.array([state_at[w] for w in window])
-        if np.any(np.abs(np.diff(traj, axis=0)) > 0.5):
-            continue
-        e0, e1 = np.abs(state_at[t] - c0), np.abs(state_at[window[-1]] - c0)
-        drift = np.max(np.abs(np.array([cmd_at[w] for w in window]) - c0), axis=0)
-        use = (e0 > 0.05) & (drift < 0.25 * e0)
-        shrink += list(e1[use] < e0[use])
-    assert len(shrink) > 10 and np.mean(shrink) > 0.8, (len(shrink), np.mean(shrink) if shrink else None)
+    # the joints follow the commands: on every arm joint the policy moved by more than 0.3 rad, the measured joint
+    # position tracks the command (correlation > 0.9 over the run), and the tracking error stays small (p95 < 0.25 rad
+    # over all arm joints); a state jump (MuJoCo resetting a diverged state) would fail it
+    arm = [i for i, n in enumerate(JOINTS) if not n.endswith("gripper")]
+    state_at = {_ns(s.header.stamp): np.asarray(s.position)[arm] for s in st}
+    both = [(state_at[_ns(m.header.stamp)], np.asarray(m.position)[arm]) for m in cm if _ns(m.header.stamp) in state_at]
+    assert len(both) > 50, len(both)
+    q, c = np.array([b[0] for b in both]), np.array([b[1] for b in both])
+    moved = [j for j in range(len(arm)) if np.ptp(c[:, j]) > 0.3]
+    assert moved, f"the policy moved no arm joint by 0.3 rad: ranges {np.ptp(c, axis=0).round(3)}"
+    corr = {JOINTS[arm[j]]: float(np.corrcoef(c[:, j], q[:, j])[0, 1]) for j in moved}
+    assert all(v > 0.9 for v in corr.values()), corr
+    err = float(np.percentile(np.abs(q - c), 95))
+    assert err < 0.25, f"tracking error p95 {err:.3f} rad"
     yield
     _check_clean_exit(launched, process_watch)
