@@ -68,9 +68,11 @@ train-demo: setup
 	$(VENV)/bin/oxygen train $(DATA)/train_a $(DATA)/train_b --out $(RUN) $(TRAIN_ARGS)
 	$(PY) -m oxygen_ros.train.export $(RUN) checkpoints/demo
 
-# The demo policy's evaluation on unseen seeds (lockstep), recorded under bench/results/.
+# The demo policy's evaluations on unseen seeds, recorded under bench/results/.
+# EVALS: any of main joins claim expert (bench/sim_evals.sh says what each is).
+EVALS ?= main joins claim expert
 eval-demo: setup
-	$(VENV)/bin/oxygen sim-eval --policy demo --task reach,pick,transfer --seeds 0:100 --language q1m2 --workers 2 $(EVAL_ARGS)
+	bench/sim_evals.sh $(EVALS)
 
 # Only when a change of the node's outputs is intended (see test/bag_golden.py and the README).
 golden: setup
