@@ -25,9 +25,9 @@ for what in "${@:-main joins claim expert}"; do
   for w in $what; do
     case "$w" in
       main)   ev --policy demo --task reach,pick,transfer --seeds 0:100 --language q1m2 --workers 2 --out "$(out main)" ;;
-      joins)  ev --policy demo --task reach,pick --seeds "${SEEDS_JOINS:-0:20}" --chunking none,blend,rtc \
+      joins)  ev --policy demo --task reach,pick --seeds "${SEEDS_JOINS:-0:10}" --chunking none,blend,rtc \
                  --delay-ms 0,100,200 --workers 2 --no-video --out "$(out joins)" ;;
-      claim)  ev --policy demo --clock realtime --real-time-factor 0.5 --task reach --seeds "${SEEDS_CLAIM:-0:15}" \
+      claim)  ev --policy demo --clock realtime --real-time-factor 0.5 --task reach --seeds "${SEEDS_CLAIM:-0:10}" \
                  --engine-mode isolated,oxygen --language none,q1m2,q0.1m0.1 --no-video --out "$(out claim)" ;;
       expert) ev --policy expert --task reach,pick,transfer --seeds 0:100 --workers 2 --no-video --out "$(out expert)" ;;
       *) echo "unknown evaluation '$w' (main | joins | claim | expert)" >&2; exit 2 ;;
