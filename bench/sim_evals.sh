@@ -6,7 +6,8 @@
 #
 #   main    lockstep, the node's defaults (oxygen, blend, no injected delay), questions every 1 s + memory every 2 s of
 #           sim time, 100 unseen seeds per task (issue 19's targets)
-#   joins   chunk joins under latency: none / blend / rtc x injected delay 0 / 100 / 200 ms, lockstep, reach + pick
+#   joins   chunk joins under latency: none / blend (5 rows cross-faded: one camera period) / rtc x injected delay
+#           0 / 100 / 200 ms, lockstep, reach + pick
 #   claim   the paper's claim, realtime (sim_node + oxygen_node over DDS, real-time factor 0.5: the engine's real
 #           compute time is the delay): isolated / oxygen x language none / demo rates (q1m2) / one question and one
 #           memory request per camera frame (q0.1m0.1), reach
@@ -26,7 +27,7 @@ for what in "${@:-main joins claim expert}"; do
     case "$w" in
       main)   ev --policy demo --task reach,pick,transfer --seeds 0:100 --language q1m2 --workers 2 --out "$(out main)" ;;
       joins)  ev --policy demo --task reach,pick --seeds "${SEEDS_JOINS:-0:10}" --chunking none,blend,rtc \
-                 --delay-ms 0,100,200 --workers 2 --no-video --out "$(out joins)" ;;
+                 --delay-ms 0,100,200 -p blend_steps:=5 --workers 2 --no-video --out "$(out joins)" ;;
       claim)  ev --policy demo --clock realtime --real-time-factor 0.5 --task reach --seeds "${SEEDS_CLAIM:-0:10}" \
                  --engine-mode isolated,oxygen --language none,q1m2,q0.1m0.1 --no-video --out "$(out claim)" ;;
       expert) ev --policy expert --task reach,pick,transfer --seeds 0:100 --workers 2 --no-video --out "$(out expert)" ;;

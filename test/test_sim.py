@@ -269,3 +269,19 @@ def test_sim_record_writes_the_episode_bag_the_trainer_reads(tmp_path):
     assert ex.value.code == 2
     with pytest.raises(SystemExit):
         record(["--out", str(out), "--task", "reach", "--seeds", "0:1"])      # exists, no --overwrite
+
+
+def test_a_grid_option_meant_for_one_chunking_mode_does_not_break_the_others(tmp_path):
+    """``-p blend_steps:=N`` over a none / blend / rtc grid: the node refuses blend_steps without blend, so the grid
+    gives it to the blend cells only - every cell runs (it once marked the none and rtc cells incomplete)."""
+    import json
+
+    from oxygen_ros.tools import sim_eval
+    out = tmp_path / "grid"
+    rc = sim_eval.main(["--policy", "expert", "--task", "reach", "--seeds", "0:1", "--chunking", "none,blend,rtc",
+                        "-p", "blend_steps:=3", "--no-video", "--quiet", "--out", str(out)])
+    assert rc == 0
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    assert {c["chunking"] for c in cells} == {"none", "blend", "rtc"}
+    assert all(c["aggregate"]["incomplete"] == 0 and c["aggregate"]["tasks"]["reach"]["n"] == 1 for c in cells), \
+        [(c["name"], c["aggregate"]["incomplete"]) for c in cells]

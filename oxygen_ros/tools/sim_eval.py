@@ -83,6 +83,8 @@ class _Worker:
             c = self.c
             ov = dict(c["overrides"])
             ov.update(engine_mode=cell["engine_mode"], chunking=cell["chunking"])
+            if cell["chunking"] != "blend":
+                ov.pop("blend_steps", None)           # a -p blend_steps:=N is meant for the grid's blend cells
             expert = c["policy"] == "expert"
             if expert:
                 ov["delta_action_mask"] = []

@@ -164,6 +164,8 @@ class RealtimeCell:
         q_every, m_every = LanguageLoad.parse_periods(cell["language"])
         isolate_dds()
         node_params = dict(c["overrides"])
+        if cell["chunking"] != "blend":
+            node_params.pop("blend_steps", None)       # a -p blend_steps:=N is meant for the grid's blend cells
         node_params.update(use_sim_time=True, engine_mode=cell["engine_mode"], chunking=cell["chunking"],
                            memory_interval_s=m_every, memory_db="")
         node_params["checkpoint"] = "" if c["policy"] == "random" else c["policy"]
