@@ -48,7 +48,9 @@ def test_demo_closed_loop_short_run(tmp_path):
     s = json.loads((tmp_path / "demo_summary.json").read_text())
     assert s["node_exit_code"] == 0 and s["sim_exit_code"] == 0 and s["policy"] == "demo"
     assert len(s["episodes"]) == 1 and s["episodes"][0]["task"] == "reach" and s["episodes"][0]["seed"] >= 0
-    assert s["answers"] and all(a["ground_truth"] for a in s["answers"]), s["answers"]
+    # every answer is scored against the frame it read, or said to be unscored (never a wrong verdict)
+    assert s["answers"] and any(a["scored"] for a in s["answers"]), s["answers"]
+    assert all(a["scored"] == (a["ground_truth"] is not None) and (a["ok"] <= a["scored"]) for a in s["answers"])
     assert s["inference_rate_hz"] > 0 and s["tokens_per_s"] > 0
     for name, least in (("demo.mp4", 20_000), ("demo_timeline.png", 10_000)):
         f = tmp_path / name

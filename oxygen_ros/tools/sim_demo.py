@@ -19,6 +19,7 @@ __all__ = ["run"]
 
 QUESTION_EVERY_S = 1.2          # sim seconds between scene questions during an episode
 MEMORY_EVERY_S = 2.0            # the node's memory_interval_s (sim time)
+ANSWER_WAIT_S = 2.0             # wall seconds an answer waits for its frame's capture time and ground truth
 
 
 def run(a) -> int:
@@ -104,10 +105,12 @@ def run(a) -> int:
     dur = max(1e-6, t_end - t_start)
     ok = [r for r in results if r["success"]]
     right = [q for q in qa if q["ok"]]
+    scored = [q for q in qa if q["scored"]]
     mem_ok = [m for m in memories if m["objects_ok"]]
     summary = {"policy": a.checkpoint or f"random {a.preset}", "engine_mode": a.engine_mode,
                "real_time_factor": a.real_time_factor, "episodes": results,
-               "success": f"{len(ok)}/{len(results)}", "answers": qa, "answers_right": f"{len(right)}/{len(qa)}",
+               "success": f"{len(ok)}/{len(results)}", "answers": qa, "answers_right": f"{len(right)}/{len(scored)}",
+               "answers_unscored": len(qa) - len(scored),
                "memory": memories, "memory_objects_right": f"{len(mem_ok)}/{len(memories)}",
                "wall_s": dur, "inference_rate_hz": len(new_chunk) / dur,
                "inference_latency_ms": stats_ms(c[5] for c in new_chunk.values()),
@@ -117,8 +120,8 @@ def run(a) -> int:
         print(f"  {r['task']:8} seed {r['seed']}: {'SUCCESS' if r['success'] else 'failed '} "
               f"{'(' + format(r['time'], '.1f') + ' s)' if r['success'] else ''}  {r['instruction']!r}")
     print(f"success      {summary['success']} episodes")
-    print(f"answers      {summary['answers_right']} exactly right; memory entries naming the right cubes "
-          f"{summary['memory_objects_right']}")
+    print(f"answers      {summary['answers_right']} exactly right ({summary['answers_unscored']} unscored: frame "
+          f"unknown); memory entries naming the right cubes {summary['memory_objects_right']}")
     print(f"inference    {summary['inference_rate_hz']:.1f} cycles/s (wall), latency p50 "
           f"{summary['inference_latency_ms'].get('p50', 0):.0f} ms; {summary['tokens_per_s']:.1f} tokens/s")
     print(f"exit codes   oxygen_node {rc_node}, sim_node {rc_sim}")
@@ -150,6 +153,7 @@ def _episode(a, task, seed, watch, mon, node, sim, spec, questions, qa, memories
     start_ns, next_q, qi, last_status = None, None, 0, time.monotonic()
     lines: list = []                                  # (sim ns when it was known, text) for the video
     shown_ans = shown_mem = 0
+    pending: dict[int, float] = {}                    # answer index -> when first seen, waiting for its frame
     while True:
         with watch.lock:
             sts = list(watch.status.get(eid, []))
@@ -165,12 +169,19 @@ def _episode(a, task, seed, watch, mon, node, sim, spec, questions, qa, memories
             watch.prompt.publish(watch.String(data=q))
             next_q += int(QUESTION_EVERY_S * 1e9)
         for m in answers[shown_ans:]:
-            shown_ans += 1
             cap = frames.get(int(m.frame_index))
-            gt = texts.get(cap, ({}, ""))[0].get(m.prompt) if cap is not None else None
+            known = cap is not None and cap in texts
+            # the answer can arrive before the action_chunk that maps its frame index to a capture time (or before
+            # that frame's ground truth): wait for them up to ANSWER_WAIT_S, then report the answer unscored
+            first = pending.setdefault(shown_ans, time.monotonic())
+            if not known and time.monotonic() - first < ANSWER_WAIT_S:
+                break
+            shown_ans += 1
+            gt = texts[cap][0].get(m.prompt) if known else None
             ok = gt is not None and normalise(m.text) == normalise(gt)
-            qa.append({"episode": eid, "q": m.prompt, "a": m.text, "ground_truth": gt, "ok": ok})
-            verdict = "right" if ok else f"truth: {gt}"
+            qa.append({"episode": eid, "q": m.prompt, "a": m.text, "ground_truth": gt, "ok": ok,
+                       "scored": gt is not None})
+            verdict = "right" if ok else (f"truth: {gt}" if gt is not None else "unscored: frame unknown")
             lines.append((watch._ns(m.header.stamp), f"Q: {m.prompt}  A: {m.text}  [{verdict}]"))
             print(f"    Q: {m.prompt!r}\n    A: {m.text!r}   {'(right)' if ok else f'(ground truth: {gt!r})'}",
                   flush=True)
