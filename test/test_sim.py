@@ -104,23 +104,31 @@ def test_reach_fires_on_the_named_grippers_contact_with_the_named_cube_only(sim)
     assert not mon.update()
 
 
-def test_pick_needs_five_cm_for_half_a_second(sim):
+def test_pick_needs_a_held_cube_five_cm_up_for_half_a_second(sim):
     spec = draw_task("pick", 2)
     i = spec.target_index
+    finger = sim.finger_geoms["left"][0]
 
-    def run(height, seconds):
+    def run(height, seconds, held=True):
         sim.reset(spec.scene)
         mon = TaskMonitor(sim, spec)
         c = sim.cube_pos(i)
         for _ in range(int(round(seconds / 0.02))):
             _set_cube(sim, i, (c[0], c[1], CUBE_HALF + height))
+            if held:                                        # the cube in a finger: held, at the finger's height
+                f = sim.data.geom_xpos[finger]
+                _set_cube(sim, i, (f[0], f[1], f[2]))
             sim.steps += 1
             mon.update()
         return mon.success
 
+    sim.reset(spec.scene)
+    z = sim.data.geom_xpos[finger][2]
+    assert z - CUBE_HALF > 0.06, z                          # the finger is high enough for a lift
     assert run(0.06, 0.6)
     assert not run(0.06, 0.4)                               # not long enough
-    assert not run(0.04, 1.0)                               # not high enough
+    assert not run(0.06, 0.6, held=False)                   # up there but touching no finger: knocked up or propped
+    assert not run(0.04, 1.0, held=False)                   # not high enough
 
 
 def test_transfer_success_is_gym_alohas_reward_four(sim):

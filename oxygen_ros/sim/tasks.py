@@ -6,8 +6,8 @@ seed always gives the same ``TaskSpec``; a test checks seeds differ).  Tasks:
 
 * ``reach``: "touch the red cube with the left gripper" - colour and arm vary; success: a contact between one of that
   gripper's two fingers and that cube.
-* ``pick``: "pick up the blue cube" - success: that cube's centre at least ``LIFT`` (5 cm) above its resting height for
-  ``HOLD_S`` (0.5 s) without interruption.  The arm is not named; the expert uses the arm on the cube's side.
+* ``pick``: "pick up the blue cube" - success: that cube's centre at least ``LIFT`` (5 cm) above its resting height,
+  touching a gripper finger (held, not knocked up or propped on an arm), for ``HOLD_S`` (0.5 s) without interruption.  The arm is not named; the expert uses the arm on the cube's side.
 * ``transfer``: gym-aloha's transfer-cube task - the right arm picks the cube (on the right half of the table, in
   gym-aloha's x/y range) and hands it to the left arm; success = gym-aloha's reward 4: the left gripper's left finger
   touches the cube while the cube does not touch the table.
@@ -195,7 +195,10 @@ class TaskMonitor:
         return any(self.sim.touching(g, f, c) for f in self.sim.finger_geoms[self.spec.arm])
 
     def _pick(self, t: float) -> bool:
-        if self.sim.cube_pos(self.i)[2] >= self.rest_z + LIFT:
+        c = self.sim.contacts()
+        g = self.sim.cube_geom[self.i]
+        held = any(self.sim.touching(g, f, c) for fs in self.sim.finger_geoms.values() for f in fs)
+        if held and self.sim.cube_pos(self.i)[2] >= self.rest_z + LIFT:
             if self._lifted_since is None:
                 self._lifted_since = t
             return t - self._lifted_since >= HOLD_S - 1e-9
