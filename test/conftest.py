@@ -90,7 +90,6 @@ class RosHelper:
 
     def __init__(self):
         import rclpy
-        from rclpy.executors import SingleThreadedExecutor
 
         self.rclpy = rclpy
         if not rclpy.ok():
@@ -98,21 +97,8 @@ class RosHelper:
         self.node = rclpy.create_node(f"oxygen_test_{os.getpid()}")
         self._subs: list = []
         self._collected: dict = {}      # id(list returned by collect) -> its subscription
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self):
-        while not self._stop.is_set() and self.rclpy.ok():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - shutting down
-                if self._stop.is_set():
-                    return
-                raise
+        self._spin = harness.BackgroundSpin(self.node)   # survives a subscription destroyed while it waits
 
     def collect(self, msg_type, topic: str, qos=50, keep=None) -> list:
         """Subscribe; returns a list that receives (receive_time_monotonic, msg) tuples."""
@@ -149,10 +135,7 @@ class RosHelper:
         return bool(pred())
 
     def close(self):
-        self._stop.set()
-        self._thread.join(2)
-        self.executor.shutdown()
-        self.node.destroy_node()
+        self._spin.close()
 
 
 class ProcessWatch:

@@ -147,12 +147,45 @@ class NodeProcess:
             self.stop(timeout=5.0)
 
 
+class BackgroundSpin:
+    """One rclpy node spun on its own executor in a daemon thread until ``close()`` or rclpy's shutdown (the tools'
+    in-process observers and the tests' ``ros`` helper).  An exception out of ``spin_once`` while running - a
+    callback's, or rclpy's ``InvalidHandle`` when another thread destroys a subscription the wait set still holds - is
+    kept in ``last_error`` and spinning goes on (the thread used to die of it, and every later message was lost);
+    once closing, it ends the thread."""
+
+    def __init__(self, node):
+        from rclpy.executors import SingleThreadedExecutor  # noqa: PLC0415
+        self.node = node
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(node)
+        self.last_error: Exception | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set() and self.executor.context.ok():
+            try:
+                self.executor.spin_once(timeout_sec=0.05)
+            except Exception as exc:  # noqa: BLE001 - shutting down, or an error that must not stop the others
+                if self._stop.is_set():
+                    return
+                self.last_error = exc
+
+    def close(self) -> None:
+        """Stop spinning, shut the executor down and destroy the node."""
+        self._stop.set()
+        self._thread.join(2.0)
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+
+
 class Monitor:
     """In-process observer of oxygen_node's outputs (spun in a background thread)."""
 
     def __init__(self, node_name: str = "oxygen_monitor"):
         import rclpy  # noqa: PLC0415
-        from rclpy.executors import SingleThreadedExecutor  # noqa: PLC0415
         from diagnostic_msgs.msg import DiagnosticArray  # noqa: PLC0415
         from std_msgs.msg import String  # noqa: PLC0415
 
@@ -183,18 +216,7 @@ class Monitor:
         n.create_subscription(JointTrajectory, "joint_trajectory", self._on_trajectory, 100)
         self.prompt_pub = n.create_publisher(String, "conversation/prompt", 10)
         self._String = String
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(n)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-        self._thread.start()
-
-    def _spin(self):
-        while not self._stop.is_set():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - shutting down
-                return
+        self._spin = BackgroundSpin(n)
 
     def now_ns(self) -> int:
         return self.node.get_clock().now().nanoseconds
@@ -266,10 +288,7 @@ class Monitor:
             return sum(1 for c in self.chunks[-2000:] if c[0] >= t - window) / window
 
     def close(self):
-        self._stop.set()
-        self._thread.join(2)
-        self.executor.shutdown()
-        self.node.destroy_node()
+        self._spin.close()
 
 
 def stats_ms(xs) -> dict:

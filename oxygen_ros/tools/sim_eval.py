@@ -81,21 +81,10 @@ class _Worker:
         key = (cell["engine_mode"], cell["chunking"], cell["language"])
         if key not in self.policies:
             c = self.c
-            ov = dict(c["overrides"])
-            ov.update(engine_mode=cell["engine_mode"], chunking=cell["chunking"])
-            if cell["chunking"] != "blend":
-                ov.pop("blend_steps", None)           # a -p blend_steps:=N is meant for the grid's blend cells
-            expert = c["policy"] == "expert"
-            if expert:
-                ov["delta_action_mask"] = []
-            elif c["policy"] == "random":
-                ov["checkpoint"] = ""
-            else:
-                ov["checkpoint"] = c["policy"]
             q, m = LanguageLoad.parse_periods(cell["language"])
             lang = LanguageLoad(q, m, QUESTIONS)
-            self.policies[key] = PipelinePolicy(sim_settings(c["params"], ov), expert=expert,
-                                                horizon=c["horizon"], language=lang)
+            self.policies[key] = PipelinePolicy(sim_settings(c["params"], cell_node_params(c, cell)),
+                                                expert=c["policy"] == "expert", horizon=c["horizon"], language=lang)
         return self.policies[key]
 
     def close(self) -> None:
@@ -190,6 +179,21 @@ class _Progress:
             print(file=sys.stderr)
 
 
+def cell_node_params(common: dict, cell: dict) -> dict:
+    """The node parameters one grid cell runs with, in either clock mode: the ``-p`` overrides (a ``blend_steps``
+    override only in blend cells: the node refuses it with another chunking), the cell's engine mode and chunking, and
+    the policy (a checkpoint; ``random``: random weights of the preset; ``expert``: absolute actions, no model)."""
+    ov = dict(common["overrides"])
+    if cell["chunking"] != "blend":
+        ov.pop("blend_steps", None)
+    ov.update(engine_mode=cell["engine_mode"], chunking=cell["chunking"])
+    if common["policy"] == "expert":
+        ov["delta_action_mask"] = []
+    else:
+        ov["checkpoint"] = "" if common["policy"] == "random" else common["policy"]
+    return ov
+
+
 def run_realtime(common: dict, cells: list[dict], tasks: list[str], seeds, rtf: float, quiet: bool = False) -> list:
     """``--clock realtime``: each cell's episodes through sim_node + oxygen_node over DDS, one cell after another
     (``tools/sim_realtime.py``); a cell whose processes fail marks its episodes incomplete."""
@@ -199,7 +203,8 @@ def run_realtime(common: dict, cells: list[dict], tasks: list[str], seeds, rtf: 
     out = []
     for cell in cells:
         try:
-            eps = RealtimeCell(common, cell, Path(common["out"]) / "logs", rtf).run(tasks, list(seeds), prog.tick)
+            eps = RealtimeCell(common, cell, cell_node_params(common, cell), Path(common["out"]) / "logs",
+                               rtf).run(tasks, list(seeds), prog.tick)
         except Exception as exc:  # noqa: BLE001 - one broken cell never stops the grid
             print(f"\ncell {cell['name']} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             eps = [{"task": t, "seed": int(s), "error": f"{type(exc).__name__}: {exc}"} for t in tasks for s in seeds]

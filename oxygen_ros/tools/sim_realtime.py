@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .harness import BackgroundSpin
+
 __all__ = ["RealtimeCell", "SimWatch"]
 
 
@@ -29,7 +31,6 @@ class SimWatch:
 
     def __init__(self, images: bool = False):
         import rclpy  # noqa: PLC0415
-        from rclpy.executors import SingleThreadedExecutor  # noqa: PLC0415
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: PLC0415
         from sensor_msgs.msg import JointState  # noqa: PLC0415
         from std_msgs.msg import String  # noqa: PLC0415
@@ -66,19 +67,7 @@ class SimWatch:
                 n.create_subscription(Image, topic, lambda m, i=slot: self._on_image(i, m),
                                       QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
         self.String = String
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(n)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._spin, daemon=True)
-        self.thread.start()
-
-    def _spin(self):
-        while not self.stop.is_set():
-            try:
-                self.executor.spin_once(timeout_sec=0.05)
-            except Exception:  # noqa: BLE001 - shutting down
-                if self.stop.is_set():
-                    return
+        self._spin = BackgroundSpin(n)
 
     def clear(self) -> None:
         with self.lock:
@@ -139,17 +128,16 @@ class SimWatch:
             self.memories.append(m)
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2.0)
-        self.executor.shutdown(timeout_sec=1.0)
-        self.node.destroy_node()
+        self._spin.close()
 
 
 class RealtimeCell:
-    """Run one grid cell's episodes through sim_node + oxygen_node (``common`` / ``cell``: as in sim_eval.py)."""
+    """Run one grid cell's episodes through sim_node + oxygen_node (``common`` / ``cell``: as in sim_eval.py;
+    ``node_params``: the cell's node parameters, ``sim_eval.cell_node_params``)."""
 
-    def __init__(self, common: dict, cell: dict, log_dir: Path, rtf: float):
-        self.c, self.cell, self.log_dir, self.rtf = common, cell, Path(log_dir), float(rtf)
+    def __init__(self, common: dict, cell: dict, node_params: dict, log_dir: Path, rtf: float):
+        self.c, self.cell, self.node_params = common, cell, dict(node_params)
+        self.log_dir, self.rtf = Path(log_dir), float(rtf)
 
     def run(self, tasks: list[str], seeds, on_episode=None) -> list[dict]:
         from oxygen_ros.ros.lockstep import default_sim_params  # noqa: PLC0415
@@ -163,12 +151,7 @@ class RealtimeCell:
             raise ValueError("the scripted expert needs the simulation's internals: it runs in lockstep only")
         q_every, m_every = LanguageLoad.parse_periods(cell["language"])
         isolate_dds()
-        node_params = dict(c["overrides"])
-        if cell["chunking"] != "blend":
-            node_params.pop("blend_steps", None)       # a -p blend_steps:=N is meant for the grid's blend cells
-        node_params.update(use_sim_time=True, engine_mode=cell["engine_mode"], chunking=cell["chunking"],
-                           memory_interval_s=m_every, memory_db="")
-        node_params["checkpoint"] = "" if c["policy"] == "random" else c["policy"]
+        node_params = dict(self.node_params, use_sim_time=True, memory_interval_s=m_every, memory_db="")
         sim_params = {"clock": "realtime", "real_time_factor": self.rtf, "autostart": False, "episodes": 1,
                       "camera_size": c["camera_size"], "camera_rate_hz": 50.0 / c["camera_every"], "tail_s": 0.0}
         self.log_dir.mkdir(parents=True, exist_ok=True)
