@@ -72,6 +72,7 @@ class EpisodeResult:
     rejected: dict = field(default_factory=dict)       # reason -> count
     stale_steps: int = 0
     max_reward: int = 0
+    gym_success: bool = False                          # transfer: gym-aloha's definition (else = success)
     error: str = ""
     error_kind: str = ""                               # e.g. "physics unstable" (an outcome, not a crash)
 
@@ -79,7 +80,8 @@ class EpisodeResult:
         return {"task": self.spec.task, "seed": self.spec.seed, "instruction": self.spec.instruction,
                 "success": self.success, "success_time": self.success_time, "duration_s": self.duration_s,
                 "steps": len(self.actions), "policy_calls": len(self.chunk_times), "rejected": dict(self.rejected),
-                "stale_steps": self.stale_steps, "max_reward": self.max_reward, "error": self.error,
+                "stale_steps": self.stale_steps, "max_reward": self.max_reward, "gym_success": self.gym_success,
+                "error": self.error,
                 "ended": self.error_kind or ("success" if self.success else "timeout")}
 
 
@@ -141,6 +143,7 @@ def run_episode(sim: AlohaScene, spec: TaskSpec, policy: Policy, config: Episode
             break
     res.success, res.success_time = monitor.success, monitor.success_time
     res.max_reward = monitor.max_reward
+    res.gym_success = monitor.gym_success
     res.duration_s = sim.time
     res.rejected = dict(executor.rejected)
     return res

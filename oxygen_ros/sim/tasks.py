@@ -9,8 +9,10 @@ seed always gives the same ``TaskSpec``; a test checks seeds differ).  Tasks:
 * ``pick``: "pick up the blue cube" - success: that cube's centre at least ``LIFT`` (5 cm) above its resting height,
   touching a gripper finger (held, not knocked up or propped on an arm), for ``HOLD_S`` (0.5 s) without interruption.  The arm is not named; the expert uses the arm on the cube's side.
 * ``transfer``: gym-aloha's transfer-cube task - the right arm picks the cube (on the right half of the table, in
-  gym-aloha's x/y range) and hands it to the left arm; success = gym-aloha's reward 4: the left gripper's left finger
-  touches the cube while the cube does not touch the table.
+  gym-aloha's x/y range) and hands it to the left arm.  Success (strict): the left gripper *alone* holds the cube off
+  the table - both left fingers on it, no right finger, no table contact - for ``HOLD_S`` without interruption.
+  gym-aloha's own definition (reward 4: the left gripper's left finger touches the cube while the cube does not touch
+  the table, which already fires mid-hand-over) is reported beside it as ``gym_success`` for comparison with others.
 
 Scenes hold 1-3 cubes of distinct colours (red, green, blue, yellow), at least ``MIN_GAP`` apart so an open gripper
 around one cube never touches another, yaw within +-45 degrees (a cube looks the same every 90 degrees).
@@ -170,7 +172,8 @@ def memory_text(sim: AlohaScene, facts: SceneFacts | None = None) -> str:
 # success
 # ------------------------------------------------------------------------------------------------------------------
 class TaskMonitor:
-    """Call ``update()`` after every control step; ``success`` latches when the task's detector fires."""
+    """Call ``update()`` after every control step; ``success`` latches when the task's detector fires
+    (``gym_success``: transfer's gym-aloha definition, latched likewise; for reach / pick the same as ``success``)."""
 
     def __init__(self, sim: AlohaScene, spec: TaskSpec):
         self.sim, self.spec = sim, spec
@@ -180,13 +183,19 @@ class TaskMonitor:
         self.reward = 0                   # transfer: gym-aloha's 0..4 stage now; max_reward: the best so far
         self.max_reward = 0
         self._lifted_since: float | None = None
+        self._held_since: float | None = None
         self.rest_z = CUBE_HALF
+        self.gym_success = False
+        self.gym_success_time: float | None = None
 
     def update(self) -> bool:
         t = self.sim.time
         fire = getattr(self, f"_{self.spec.task}")(t)
         if fire and not self.success:
             self.success, self.success_time = True, t
+        gym = self.reward == 4 if self.spec.task == "transfer" else self.success
+        if gym and not self.gym_success:
+            self.gym_success, self.gym_success_time = True, t
         return self.success
 
     def _reach(self, t: float) -> bool:
@@ -218,5 +227,13 @@ class TaskMonitor:
             r = 4 if not touch_table else 3
         self.reward = r
         self.max_reward = max(self.max_reward, r)
-        return r == 4
+        left = self.sim.finger_geoms["left"]
+        alone = (all(self.sim.touching(g, f, c) for f in left) and not touch_table
+                 and not any(self.sim.touching(g, f, c) for f in self.sim.finger_geoms["right"]))
+        if not alone:
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = t
+        return t - self._held_since >= HOLD_S - 1e-9
 
