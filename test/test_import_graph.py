@@ -2,7 +2,7 @@
 
 The graph is read from the source (``ast``), not by importing: every ``import`` / ``from ... import`` statement of
 every module, at module level *and* inside functions (a lazy import that closes a cycle is a cycle too: it only
-moves the failure to the first call, as ``tools/bags.py`` -> ``output_bag.py`` -> ``bags.py`` did).  A statement
+moves the failure to the first call, as ``tools/bags/replay.py`` -> ``output_bag.py`` -> ``bags.py`` did).  A statement
 ``from pkg import name`` points at the submodule ``pkg.name`` when that is a module, else at ``pkg`` itself (its
 ``__init__``); the implicit import of parent packages is not an edge (a package's ``__init__`` importing its own
 submodules is how packages are built, not a cycle).  Generated messages (``oxygen_ros.msg`` ...) are not in the source
@@ -86,7 +86,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle():
     edges = import_edges(PACKAGE)
-    assert len(edges) > 40 and "oxygen_ros.tools.bag_types" in edges["oxygen_ros.tools.output_bag"]
+    assert len(edges) > 40 and "oxygen_ros.bags.types" in edges["oxygen_ros.tools.bags.output"]
     found = cycles(edges)
     assert found == [], "import cycles (modules importing each other, directly or through others, lazily or not): " \
         + "; ".join(" <-> ".join(c) for c in found)

@@ -125,7 +125,7 @@ def test_prefix_lm_mask_isolates_the_segments(tiny):
 @pytest.fixture(scope="module")
 def bags(tmp_path_factory):
     pytest.importorskip("mujoco")
-    from oxygen_ros.tools.sim_record import main as record
+    from oxygen_ros.tools.sim.record import main as record
     d = tmp_path_factory.mktemp("bags")
     assert record(["--out", str(d / "reach"), "--task", "reach", "--seeds", "0:3", "--camera-size", "16",
                    "--camera-rate", "10", "--quiet"]) == 0
@@ -227,7 +227,7 @@ def test_two_process_ddp_matches_one_process(bags, tmp_path):
 # ---------------------------------------------------------------------------------------------------- bad data
 def _write_bag(path, *, nan_state=False, action_dim=14, with_actions=True, success=True):
     from oxygen_ros.sim.scene import JOINTS
-    from oxygen_ros.tools.sim_record import EpisodeBagWriter
+    from oxygen_ros.tools.sim.record import EpisodeBagWriter
     path.mkdir(parents=True)
     w = EpisodeBagWriter(path / "b")
     ns = 1_000_000_000_000

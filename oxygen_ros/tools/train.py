@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _eval_hook(tasks: str, seeds: str):
     def hook(step: int, ckpt) -> dict:
-        from oxygen_ros.tools.sim_eval import run_grid, _cells  # noqa: PLC0415
-        from oxygen_ros.tools.sim_record import parse_seeds  # noqa: PLC0415
+        from oxygen_ros.tools.sim.eval import run_grid, _cells  # noqa: PLC0415
+        from oxygen_ros.tools.sim.record import parse_seeds  # noqa: PLC0415
 
         common = {"policy": str(ckpt), "params": None, "overrides": {}, "camera_size": 96, "camera_every": 5,
                   "horizon": 20, "out": str(ckpt)}

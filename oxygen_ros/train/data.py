@@ -117,7 +117,7 @@ def _read_bag(path: Path, tm: TopicMap):
     """All mapped messages of one bag, decoded, sorted by log time."""
     from rosbags.rosbag2 import Reader  # noqa: PLC0415
 
-    from oxygen_ros.tools.bag_types import typestore  # noqa: PLC0415 - pure rosbags + our msg definitions
+    from oxygen_ros.bags.types import typestore  # noqa: PLC0415 - pure rosbags + our msg definitions
 
     ts = typestore()
     try:

@@ -4,8 +4,9 @@ This file owns how a bag's type names become types: ``typestore()`` is a rosbags
 ``oxygen_ros`` messages, registered from the ``.msg`` text in ``msg/`` (source checkout or the installed share
 directory), so ``ros2 bag`` and rosbags read our bags and we read bags recorded on a robot; ``msg_class(name)``
 gives the generated rclpy class of a type name (``oxygen_ros/msg/ActionChunk`` -> ``oxygen_ros.msg.ActionChunk``)
-for publishing or subscribing raw CDR.  ``bags.py`` (make-bag, replay), ``output_bag.py`` (the output bag writer),
-``recorder.py``, ``bag_eval.py`` and ``bag_diff.py`` import it; it imports none of them.  No rclpy at import.
+for publishing or subscribing raw CDR.  ``tools/bags/`` (replay.py: make-bag, replay; output.py: the output bag
+writer; recorder.py, eval.py, diff.py), ``tools/sim/record.py`` and ``train/data.py`` import it; it imports none of
+them.  No rclpy at import.
 """
 from __future__ import annotations
 
