@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from oxygen_ros.bags.types import msg_class
+from .classes import msg_class
 from .output import OUTPUTS, OutputBag
 
 __all__ = ["OutputRecorder"]

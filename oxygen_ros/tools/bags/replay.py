@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from oxygen_ros.bags.types import msg_class, typestore
+from oxygen_ros.bags.types import typestore
+
+from .classes import msg_class
 
 __all__ = ["make_bag", "make_bag_main", "replay_main", "BagReplayer", "CAMERA_TOPICS",
            "JOINT_NAMES", "DEFAULT_INSTRUCTION", "DEFAULT_QUESTIONS", "bag_summary"]
