@@ -43,7 +43,7 @@ def main() -> int:
 
     from oxygen_ros.action import Converse
     from oxygen_ros.msg import LanguageToken
-    from oxygen_ros.tools.bags import make_bag
+    from oxygen_ros.tools.bags.replay import make_bag
 
     tmp = Path(tempfile.mkdtemp(prefix="converse-bench-"))
     bag = make_bag(tmp / "bag", duration=6.0, fps=15.0, width=224, height=224)
@@ -51,7 +51,7 @@ def main() -> int:
               "max_new_tokens": 90, "decode_k": a.decode_k, "memory_db": ""}
     node = harness.NodeProcess(tmp / "node.log", params)
     import subprocess
-    replay = subprocess.Popen([sys.executable, "-m", "oxygen_ros.tools.bags", "replay", str(bag), "--loop", "--quiet"],
+    replay = subprocess.Popen([sys.executable, "-m", "oxygen_ros.tools.bags.replay", "replay", str(bag), "--loop", "--quiet"],
                               cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     rclpy.init()
     n = rclpy.create_node("converse_bench")

@@ -11,7 +11,7 @@ from conftest import RosHelper, start_replay, stop_proc
 from test_node import Env, BASE_PARAMS, _bad_image, _unusable_frame
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
-from oxygen_ros.tools.bags import make_bag, JOINT_NAMES
+from oxygen_ros.tools.bags.replay import make_bag, JOINT_NAMES
 from pathlib import Path
 tmp = Path(tempfile.mkdtemp())
 bag = make_bag(tmp / "bag", duration=6.0, fps=15.0, width=224, height=224)

@@ -35,7 +35,7 @@ START_NS = 1_700_000_000_000_000_000
 
 
 def make_input(path: Path = INPUT) -> Path:
-    from oxygen_ros.tools.bags import make_bag
+    from oxygen_ros.tools.bags.replay import make_bag
 
     return make_bag(path, duration=3.0, fps=10.0, width=64, height=48, question_period=1.5, start_ns=START_NS,
                     overwrite=True)
@@ -50,7 +50,7 @@ def eval_args(out: Path, *extra: str) -> list[str]:
 
 
 def regenerate(with_input: bool = False) -> None:
-    from oxygen_ros.tools import bag_eval
+    from oxygen_ros.tools.bags import eval as bag_eval
 
     if with_input:
         make_input()

@@ -70,7 +70,7 @@ class NodeProcess(harness.NodeProcess):
 
 
 def start_replay(bag, log_path: Path, *extra) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "oxygen_ros.tools.bags", "replay", str(bag), "--quiet", *map(str, extra)]
+    cmd = [sys.executable, "-m", "oxygen_ros.tools.bags.replay", "replay", str(bag), "--quiet", *map(str, extra)]
     log = open(log_path, "ab")
     return subprocess.Popen(cmd, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -245,6 +245,6 @@ def ros():
 
 @pytest.fixture(scope="session")
 def synthetic_bag(tmp_path_factory):
-    from oxygen_ros.tools.bags import make_bag
+    from oxygen_ros.tools.bags.replay import make_bag
     out = tmp_path_factory.mktemp("bags") / "synthetic"
     return make_bag(out, duration=6.0, fps=15.0, width=224, height=224)

@@ -25,9 +25,9 @@ from conftest import REPO, NodeProcess, require_ros
 
 require_ros()
 
-from oxygen_ros.tools import bag_diff, bag_eval  # noqa: E402
-from oxygen_ros.tools.output_bag import OUTPUTS, OutputBag, bag_files  # noqa: E402
-from oxygen_ros.tools.topic_names import TopicNames, expand  # noqa: E402
+from oxygen_ros.tools.bags import diff as bag_diff, eval as bag_eval  # noqa: E402
+from oxygen_ros.tools.bags.output import OUTPUTS, OutputBag, bag_files  # noqa: E402
+from oxygen_ros.tools.bags.topic_names import TopicNames, expand  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore:action prompt has:UserWarning")]   # tiny preset, 14 joints
@@ -184,7 +184,7 @@ def test_namespace_and_remaps_pick_the_nodes_topics(tmp_path):
     moved = tmp_path / "robot1_bag"
     rename = {"/camera/base/image_raw": "/robot1/cam0/image", "/camera/left_wrist/image_raw": "/unused/left"}
     with Reader(bag_golden.INPUT) as r, Writer(moved, version=9) as w:
-        from oxygen_ros.tools.bag_types import typestore
+        from oxygen_ros.bags.types import typestore
         ts = typestore()
         conns = {c.id: w.add_connection(rename.get(c.topic, "/robot1" + c.topic), c.msgtype, typestore=ts)
                  for c in r.connections}

@@ -1,4 +1,4 @@
-"""Tests of ``oxygen_ros/tools/bags.py``: synthetic bags in both storages (topics, counts, moving content, stamps,
+"""Tests of ``oxygen_ros/tools/bags/replay.py``: synthetic bags in both storages (topics, counts, moving content, stamps,
 readable back with the ROS 2 types), the CDR restamp helper, and ``oxygen replay`` as a separate process delivering
 every message over real DDS at recorded timing with restamped ``header.stamp``, and exiting with status 0 and no
 traceback on every signal sequence launch can send it.  No model involved."""
@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from oxygen_ros.tools import bag_types, bags
+from oxygen_ros.bags import types as bag_types
+from oxygen_ros.tools.bags import replay as bags
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])

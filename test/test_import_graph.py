@@ -1,12 +1,15 @@
-"""No import cycles in ``oxygen_ros``: the package's own imports form a graph without cycles.
+"""No import cycles in ``oxygen_ros``, and no arrow from a core room up into the ROS shells.
+
+The package's own imports form a graph without cycles, and the core rooms (``CORE``: model, kv, engine, sim, train,
+bags) import nothing from ``ros/`` or ``tools/`` (``SHELLS``), so each runs without the layers above it.
 
 The graph is read from the source (``ast``), not by importing: every ``import`` / ``from ... import`` statement of
 every module, at module level *and* inside functions (a lazy import that closes a cycle is a cycle too: it only
-moves the failure to the first call, as ``tools/bags.py`` -> ``output_bag.py`` -> ``bags.py`` did).  A statement
+moves the failure to the first call, as ``tools/bags/replay.py`` -> ``output_bag.py`` -> ``bags.py`` did).  A statement
 ``from pkg import name`` points at the submodule ``pkg.name`` when that is a module, else at ``pkg`` itself (its
 ``__init__``); the implicit import of parent packages is not an edge (a package's ``__init__`` importing its own
 submodules is how packages are built, not a cycle).  Generated messages (``oxygen_ros.msg`` ...) are not in the source
-tree and are ignored.  The checker itself is tested on a planted lazy cycle.
+tree and are ignored.  The checkers themselves are tested on a planted lazy cycle and planted upward imports.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oxygen_ros"
+CORE = ("model", "kv", "engine", "sim", "train", "bags")      # rooms that never import the shells
+SHELLS = ("ros", "tools")
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -53,6 +58,17 @@ def import_edges(root: Path) -> dict[str, set[str]]:
     return edges
 
 
+def room(module: str) -> str:
+    """The top-level room of a dotted module name (``oxygen_ros.train.data`` -> ``train``; the package itself: "")."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(edges: dict[str, set[str]], core=CORE, shells=SHELLS) -> list[tuple[str, str]]:
+    """(importer, imported) for every import from a module of a ``core`` room into a ``shells`` room, sorted."""
+    return sorted((m, t) for m, targets in edges.items() if room(m) in core for t in targets if room(t) in shells)
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan), each sorted."""
     index, low, stack, on, out = {}, {}, [], set(), []
@@ -86,7 +102,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle():
     edges = import_edges(PACKAGE)
-    assert len(edges) > 40 and "oxygen_ros.tools.bag_types" in edges["oxygen_ros.tools.output_bag"]
+    assert len(edges) > 40 and "oxygen_ros.bags.types" in edges["oxygen_ros.tools.bags.output"]
     found = cycles(edges)
     assert found == [], "import cycles (modules importing each other, directly or through others, lazily or not): " \
         + "; ".join(" <-> ".join(c) for c in found)
@@ -106,3 +122,31 @@ def test_the_checker_finds_a_lazy_cycle(tmp_path):
     edges = import_edges(pkg)
     assert edges["pkg.sub.c"] == {"pkg.sub.d", "pkg.a"} and edges["pkg.sub"] == {"pkg.sub.c"}
     assert cycles(edges) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_core_room_imports_ros_or_tools():
+    edges = import_edges(PACKAGE)
+    assert {room(m) for m in edges} >= set(CORE) | set(SHELLS), "a room is missing from the graph"
+    assert "oxygen_ros.bags.types" in edges["oxygen_ros.train.data"]      # the bag type store sits below train/
+    found = upward_imports(edges)
+    assert found == [], "core rooms (" + ", ".join(CORE) + ") must not import ros/ or tools/: " \
+        + "; ".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_the_checker_finds_upward_imports(tmp_path):
+    """A planted package: model/ imports ros/ lazily (inside a function), train/ imports tools/ at module level with
+    an absolute import, bags/ imports ros/ through ``from .. import``; tools/ -> model/ and ros/ -> kv/ are the
+    allowed direction and kv/ -> model/ stays inside the core."""
+    pkg = tmp_path / "pkg"
+    for d in ("model", "kv", "train", "bags", "ros", "tools"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model" / "net.py").write_text("def f():\n    from ..ros import node  # noqa\n")
+    (pkg / "kv" / "pool.py").write_text("from ..model.net import f\n")
+    (pkg / "train" / "data.py").write_text("import pkg.tools.cli\n")
+    (pkg / "bags" / "types.py").write_text("from .. import ros\n")
+    (pkg / "ros" / "node.py").write_text("from ..kv import pool\n")
+    (pkg / "tools" / "cli.py").write_text("from pkg.model.net import f\n")
+    assert upward_imports(import_edges(pkg)) == [("pkg.bags.types", "pkg.ros"), ("pkg.model.net", "pkg.ros.node"),
+                                                 ("pkg.train.data", "pkg.tools.cli")]

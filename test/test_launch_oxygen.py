@@ -40,7 +40,7 @@ from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
 from oxygen_ros.msg import ActionChunk  # noqa: E402
-from oxygen_ros.tools.bags import make_bag  # noqa: E402
+from oxygen_ros.tools.bags.replay import make_bag  # noqa: E402
 
 BAG_START_NS = 1_000_000_000 * 1_000_000_000     # 2001-09-09: bag time, far from wall time (sim-time check)
 BAG_DURATION_S = 4.0
@@ -132,7 +132,7 @@ def oxygen_launch(process_watch, launched, bag, params_file):
     args = {"namespace": "robot1", "params_file": params_file, "stamp_source": "receive",
             "camera_base": "/bagns/camera/base/image_raw", "camera_left_wrist": "/bagns/camera/left_wrist/image_raw",
             "camera_right_wrist": "/bagns/camera/right_wrist/image_raw", "joint_states": "/bagns/joint_states"}
-    replay = ExecuteProcess(cmd=[sys.executable, "-m", "oxygen_ros.tools.bags", "replay", bag, "--loop", "--quiet",
+    replay = ExecuteProcess(cmd=[sys.executable, "-m", "oxygen_ros.tools.bags.replay", "replay", bag, "--loop", "--quiet",
                                  "--namespace", "bagns", "--clock", "100"], name="test_replay", output="screen")
     return _describe(launched, "oxygen.launch.py", args, replay)
 

@@ -159,7 +159,7 @@ def test_truncation_warns_once_per_change_of_prompt():
 
 def test_shipped_config_action_prompt_fits_tiny():
     """The shipped config's action prompt (the synthetic bag's instruction + 14 joints) is not truncated by tiny."""
-    from oxygen_ros.tools.bags import DEFAULT_INSTRUCTION, JOINT_NAMES
+    from oxygen_ros.tools.bags.replay import DEFAULT_INSTRUCTION, JOINT_NAMES
     proc = Processor(get_config("tiny"), ByteTokenizer(512))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -25,7 +25,7 @@ from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.msg import ActionChunk, LanguageToken, MemoryEntry  # noqa: E402
 from oxygen_ros.ros.images import rgb_to_image  # noqa: E402
-from oxygen_ros.tools.bags import JOINT_NAMES  # noqa: E402
+from oxygen_ros.tools.bags.replay import JOINT_NAMES  # noqa: E402
 
 RATE = 70.0
 STARTUP_S = 90.0        # torch import + model build on a loaded 2-core machine

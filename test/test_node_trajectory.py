@@ -21,7 +21,7 @@ require_ros()
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from oxygen_ros.msg import ActionChunk  # noqa: E402
-from oxygen_ros.tools.bags import JOINT_NAMES  # noqa: E402
+from oxygen_ros.tools.bags.replay import JOINT_NAMES  # noqa: E402
 
 from test_node import BASE_PARAMS, STARTUP_S, Env, stamp_ns  # noqa: E402
 

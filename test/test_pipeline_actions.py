@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from oxygen_ros.engine.engine import Engine
-from oxygen_ros.tools.bags import JOINT_NAMES
+from oxygen_ros.tools.bags.replay import JOINT_NAMES
 
 from test_pipeline_faults import S, Harness, Joints
 

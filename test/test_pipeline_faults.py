@@ -22,7 +22,7 @@ from oxygen_ros.ros import diagnostics as diag
 from oxygen_ros.ros.engine_factory import BuiltEngine, build_engine
 from oxygen_ros.ros.parameters import Settings, load_params_file
 from oxygen_ros.ros.pipeline import Pipeline
-from oxygen_ros.tools.bags import JOINT_NAMES
+from oxygen_ros.tools.bags.replay import JOINT_NAMES
 
 from conftest import CONFIG
 

@@ -84,7 +84,7 @@ def test_ros_bench_short_run(tmp_path):
 
 
 def test_ros_bench_smoothness_splits_switch_and_inside_steps():
-    from oxygen_ros.tools.ros_bench import smoothness
+    from oxygen_ros.tools.node.ros_bench import smoothness
 
     p = 0.01
     t = [int(i * p * 1e9) for i in range(8)]

@@ -14,7 +14,7 @@ absent past it; the prefix K/V are bit-identical before/after and carry no gradi
 bit-identical actions in every mode; the guided chunk is the same in isolated / shared / oxygen; language tokens are
 unchanged by RTC; prev_actions are normalised with the processor's stats (the exact inverse of unnormalize_actions,
 quantile and mean/std stats, robot_dim < action_dim). The smoothness benchmark's simulated control loop
-(tools/smoothness.py) switches chunks at the ticks it should, and with RTC the switch lands near the old plan.
+(tools/bench/smoothness.py) switches chunks at the ticks it should, and with RTC the switch lands near the old plan.
 """
 import math
 
@@ -273,7 +273,7 @@ def test_guidance_under_no_grad_and_refused_under_inference_mode(tiny):
 
 def test_smoothness_is_an_oxygen_subcommand():
     from oxygen_ros.tools.cli import COMMANDS
-    from oxygen_ros.tools import smoothness
+    from oxygen_ros.tools.bench import smoothness
     module, func = COMMANDS["smoothness"]
     assert module == smoothness.__name__ and getattr(smoothness, func) is smoothness.main
 
@@ -405,7 +405,7 @@ def test_smoothness_simulation_switches_on_the_old_plan(tiny):
     """Fixed latency 3 steps, s = 5: one executed row per tick with no gap or hold, one switch per chunk, each at the
     tick the chunk became ready; RTC's first executed row of a new chunk stays near the old plan for that tick, far
     nearer than an unguided switch (random weights: unrelated chunks)."""
-    from oxygen_ros.tools.smoothness import simulate
+    from oxygen_ros.tools.bench.smoothness import simulate
     cfg, model, proc = tiny["cfg"], tiny["model"], tiny["proc"]
     rng, g = np.random.default_rng(3), torch.Generator().manual_seed(3)
     frames = [frame(cfg, rng, float(i)) for i in range(4)]

@@ -254,15 +254,15 @@ def test_a_chunk_takes_effect_after_the_modelled_delay(sim, expert_policy):
 # ---------------------------------------------------------------------------------------------------- sim-record
 def test_sim_record_writes_the_episode_bag_the_trainer_reads(tmp_path):
     import json
-    from oxygen_ros.ros.parameters import Settings, load_params_file
     from oxygen_ros.ros.lockstep import default_sim_params
-    from oxygen_ros.tools.sim_record import main as record
+    from oxygen_ros.tools.sim.record import main as record
+    from oxygen_ros.tools.train import robot_layout
     from oxygen_ros.train.data import TopicMap, load_episodes
     out = tmp_path / "bag"
     assert record(["--out", str(out), "--task", "reach", "--seeds", "0:2", "--camera-size", "16", "--quiet"]) == 0
     summary = json.loads((out / "episodes.json").read_text())
     assert summary["recorded"] == 2 and not (tmp_path / "bag.partial").exists()
-    tm = TopicMap.from_settings(Settings.from_values(load_params_file(default_sim_params())))
+    tm = TopicMap.from_layout(robot_layout(default_sim_params()))
     eps = load_episodes([out], tm)
     assert [e.meta["seed"] for e in eps] == [0, 1] and all(e.meta["success"] for e in eps)
     for e, s in zip(eps, summary["episodes"]):
@@ -284,7 +284,7 @@ def test_a_grid_option_meant_for_one_chunking_mode_does_not_break_the_others(tmp
     gives it to the blend cells only - every cell runs (it once marked the none and rtc cells incomplete)."""
     import json
 
-    from oxygen_ros.tools import sim_eval
+    from oxygen_ros.tools.sim import eval as sim_eval
     out = tmp_path / "grid"
     rc = sim_eval.main(["--policy", "expert", "--task", "reach", "--seeds", "0:1", "--chunking", "none,blend,rtc",
                         "-p", "blend_steps:=3", "--no-video", "--quiet", "--out", str(out)])

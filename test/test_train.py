@@ -125,7 +125,7 @@ def test_prefix_lm_mask_isolates_the_segments(tiny):
 @pytest.fixture(scope="module")
 def bags(tmp_path_factory):
     pytest.importorskip("mujoco")
-    from oxygen_ros.tools.sim_record import main as record
+    from oxygen_ros.tools.sim.record import main as record
     d = tmp_path_factory.mktemp("bags")
     assert record(["--out", str(d / "reach"), "--task", "reach", "--seeds", "0:3", "--camera-size", "16",
                    "--camera-rate", "10", "--quiet"]) == 0
@@ -141,14 +141,21 @@ def _options(bags, out, **kw):
     return TrainOptions(**base)
 
 
+def _trainer(bags, out, **kw):
+    """A Trainer on ``_options``, with the robot layout ``oxygen train`` reads (config/sim_aloha.yaml)."""
+    from oxygen_ros.tools.train import robot_layout
+    from oxygen_ros.train.trainer import Trainer
+    o = _options(bags, out, **kw)
+    return Trainer(o, robot_layout(o.params))
+
+
 def _weights(path) -> dict:
     from safetensors.torch import load_file
     return load_file(str(Path(path) / "model.safetensors"))
 
 
 def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_path):
-    from oxygen_ros.train.trainer import Trainer
-    tr = Trainer(_options(bags, tmp_path / "run", steps=60))
+    tr = _trainer(bags, tmp_path / "run", steps=60)
     tr.setup()
     before = tr.validate()
     res = tr.train()
@@ -184,14 +191,13 @@ def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_
 
 
 def test_resume_equals_an_uninterrupted_run(bags, tmp_path):
-    from oxygen_ros.train.trainer import Trainer
-    full = Trainer(_options(bags, tmp_path / "full", steps=8, ckpt_every=4, val_every=100))
+    full = _trainer(bags, tmp_path / "full", steps=8, ckpt_every=4, val_every=100)
     full.setup()
     full.train()
-    part = Trainer(_options(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100))
+    part = _trainer(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100)
     part.setup()
     part.train(until=4)                                       # interrupted after the step-4 checkpoint
-    resumed = Trainer(_options(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100, resume=True))
+    resumed = _trainer(bags, tmp_path / "part", steps=8, ckpt_every=4, val_every=100, resume=True)
     resumed.setup()
     assert resumed.step == 4
     resumed.train()
@@ -227,7 +233,7 @@ def test_two_process_ddp_matches_one_process(bags, tmp_path):
 # ---------------------------------------------------------------------------------------------------- bad data
 def _write_bag(path, *, nan_state=False, action_dim=14, with_actions=True, success=True):
     from oxygen_ros.sim.scene import JOINTS
-    from oxygen_ros.tools.sim_record import EpisodeBagWriter
+    from oxygen_ros.tools.sim.record import EpisodeBagWriter
     path.mkdir(parents=True)
     w = EpisodeBagWriter(path / "b")
     ns = 1_000_000_000_000
@@ -259,7 +265,6 @@ def _write_bag(path, *, nan_state=False, action_dim=14, with_actions=True, succe
     ("not_a_bag", r"no rosbag2 bag there"),
 ])
 def test_bad_data_fails_before_training_naming_the_bag_topic_and_field(tmp_path, kind, match):
-    from oxygen_ros.train.trainer import Trainer
     if kind == "not_a_bag":
         bag = tmp_path / "nothing"
         bag.mkdir()
@@ -268,17 +273,29 @@ def test_bad_data_fails_before_training_naming_the_bag_topic_and_field(tmp_path,
     else:
         bag = _write_bag(tmp_path / "d", nan_state=kind == "nan_state", with_actions=kind != "no_actions",
                          action_dim=7 if kind == "short_actions" else 14, success=kind != "failed_only")
-    tr = Trainer(_options(bag, tmp_path / "run"))
+    tr = _trainer(bag, tmp_path / "run")
     with pytest.raises(ValueError, match=match):
         tr.setup()
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_parameter_file_the_node_refuses_is_refused_before_any_data(tmp_path, capsys):
+    """``oxygen train`` reads the robot layout with the node's own validation: a delta_action_mask longer than the
+    action joints exits 2 naming both (not a traceback), before any bag is read."""
+    from oxygen_ros.tools import train
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("/**:\n  ros__parameters:\n    state_joint_names: [a, b]\n    action_joint_names: [a, b]\n"
+                   "    delta_action_mask: [1, 1, 1]\n")
+    assert train.main([str(tmp_path / "no_bag"), "--out", str(tmp_path / "run"), "--params", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "delta_action_mask has 3 entries" in err and "action_joint_names has 2" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_init_from_another_architecture_is_refused(bags, tmp_path):
     from oxygen_ros.model import save_checkpoint
-    from oxygen_ros.train.trainer import Trainer
     other = build_model(get_config("tiny"))
     save_checkpoint(other, tmp_path / "ck")
-    tr = Trainer(_options(bags, tmp_path / "run", preset="demo", init=str(tmp_path / "ck")))
+    tr = _trainer(bags, tmp_path / "run", preset="demo", init=str(tmp_path / "ck"))
     with pytest.raises(ValueError, match="architecture"):
         tr.setup()

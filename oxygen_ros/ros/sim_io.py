@@ -2,7 +2,7 @@
 
 This file owns one mapping, shared by every runner so they cannot drift apart: the lockstep policy runner
 (``ros/lockstep.py``), the ROS simulation node (``ros/sim_node.py``) and the episode recorder
-(``tools/sim_record.py``).  ``trajectory_from_msg`` reads a ``trajectory_msgs/JointTrajectory`` the way the robot's
+(``tools/sim/record.py``).  ``trajectory_from_msg`` reads a ``trajectory_msgs/JointTrajectory`` the way the robot's
 executor needs it (start = ``header.stamp``, point times = ``time_from_start``; a point whose ``positions`` length
 differs from the names is kept as a ragged row so the executor rejects the trajectory with its reason);
 ``camera_msg`` / ``joint_state_msg`` / ``episode_status_msg`` / ``text_target_msg`` build what the simulation

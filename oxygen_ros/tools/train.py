@@ -3,7 +3,8 @@
 
 This file owns the command line; the work is in ``oxygen_ros/train/`` (``trainer.py``).  The topic mapping: camera
 topics (-> the model's slots) and joint names come from the node's parameter file (``--params``, default
-config/sim_aloha.yaml: the robot's own mapping), the other topics from ``--*-topic``.  Run it under ``torchrun
+config/sim_aloha.yaml: the robot's own mapping; read here with the node's ``ros/parameters.py`` into the
+``RobotLayout`` the trainer takes), the other topics from ``--*-topic``.  Run it under ``torchrun
 --nproc_per_node N`` for distributed data parallel training (gloo on CPU, NCCL on GPUs).  ``--eval-every N`` runs
 ``--eval-episodes`` closed-loop lockstep episodes per task of ``--eval-tasks`` on seeds ``--eval-seeds`` with each
 checkpoint and plots their success with the losses.
@@ -13,7 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "robot_layout"]
+
+
+def robot_layout(params: str | None):
+    """The ``train.data.RobotLayout`` of a node parameter file (None: config/sim_aloha.yaml), validated as the node
+    validates it (``ConfigureError`` / ``FileNotFoundError`` when it cannot be used)."""
+    from oxygen_ros.ros.parameters import Settings, load_params_file, package_config  # noqa: PLC0415
+    from oxygen_ros.train.data import RobotLayout  # noqa: PLC0415
+
+    return RobotLayout.of(Settings.from_values(load_params_file(params or package_config("sim_aloha.yaml"))))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _eval_hook(tasks: str, seeds: str):
     def hook(step: int, ckpt) -> dict:
-        from oxygen_ros.tools.sim_eval import run_grid, _cells  # noqa: PLC0415
-        from oxygen_ros.tools.sim_record import parse_seeds  # noqa: PLC0415
+        from oxygen_ros.tools.sim.eval import run_grid, _cells  # noqa: PLC0415
+        from oxygen_ros.tools.sim.record import parse_seeds  # noqa: PLC0415
 
         common = {"policy": str(ckpt), "params": None, "overrides": {}, "camera_size": 96, "camera_every": 5,
                   "horizon": 20, "out": str(ckpt)}
@@ -71,6 +81,7 @@ def _eval_hook(tasks: str, seeds: str):
 
 
 def main(argv=None) -> int:
+    from oxygen_ros.ros.parameters import ConfigureError  # noqa: PLC0415
     from oxygen_ros.train.data import DataError  # noqa: PLC0415
     from oxygen_ros.train.trainer import Trainer, TrainOptions  # noqa: PLC0415
 
@@ -86,10 +97,11 @@ def main(argv=None) -> int:
                      ckpt_every=a.ckpt_every, log_every=a.log_every, vocab_size=a.vocab_size, horizon=a.horizon,
                      asset_id=a.asset_id, threads=a.threads, init=a.init, resume=a.resume,
                      eval_every=a.eval_every, topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
-    trainer = Trainer(o, eval_hook=_eval_hook(a.eval_tasks, a.eval_seeds) if a.eval_every else None)
     try:
+        trainer = Trainer(o, robot_layout(a.params),
+                          eval_hook=_eval_hook(a.eval_tasks, a.eval_seeds) if a.eval_every else None)
         trainer.setup()
-    except (DataError, ValueError, FileNotFoundError) as exc:
+    except (DataError, ValueError, FileNotFoundError, ConfigureError) as exc:
         print(f"oxygen train: error: {exc}", file=sys.stderr)
         return 2
     res = trainer.train()

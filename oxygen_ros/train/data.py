@@ -1,9 +1,10 @@
 """Episode bags -> training samples: the topic mapping, decoding, episodes, splits, normalisation statistics.
 
 This file owns how a rosbag2 becomes something to learn from.  ``TopicMap`` names the topics (cameras -> the model's
-three slots, joint states, executed actions, instruction, episode status, text targets); ``TopicMap.from_settings``
-takes cameras and joint names from the node's own parameters (a robot's ``oxygen.yaml`` already maps its topics),
-the rest from options.  ``load_episodes(bags, topics)`` reads each bag once with rosbags (no ROS needed) and cuts it
+three slots, joint states, executed actions, instruction, episode status, text targets); ``TopicMap.from_layout``
+takes cameras and joint names from the node's own parameters (a robot's ``oxygen.yaml`` already maps its topics) as a
+``RobotLayout`` (the shell, ``tools/train.py``, reads the parameter file with ``ros/parameters.py``), the rest from
+options.  ``load_episodes(bags, topics)`` reads each bag once with rosbags (no ROS needed) and cuts it
 into ``Episode`` s at the ``EpisodeStatus`` boundaries (a bag without that topic is one episode): per base-camera
 frame the three slots' images (uint8; a slot whose camera is missing or has no frame within ``FRAME_TOL`` is masked),
 the joint state in force, the instruction in force and the text targets stamped at that frame; per control step the
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DataError", "TopicMap", "Episode", "load_episodes", "split_episodes", "norm_stats", "to_policy_actions"]
+__all__ = ["DataError", "RobotLayout", "TopicMap", "Episode", "load_episodes", "split_episodes", "norm_stats", "to_policy_actions"]
 
 FRAME_TOL_NS = 30_000_000          # another camera's frame counts as "the same instant" within 30 ms
 STATE_TOL_NS = 100_000_000         # the joint state in force must be at most 100 ms old at a frame
@@ -29,6 +30,23 @@ STATE_TOL_NS = 100_000_000         # the joint state in force must be at most 10
 
 class DataError(ValueError):
     """Unusable training data; the message names the bag, topic and field."""
+
+
+@dataclass(frozen=True)
+class RobotLayout:
+    """What training takes from the node's parameter file: the robot's layout, without the node's code.  The caller
+    reads the file (``tools/train.py``: ``ros/parameters.Settings``) and hands this in, so ``train/`` imports no ROS."""
+    slot_topics: tuple             # 3 camera topics (slots base, left wrist, right wrist); "" = masked slot
+    state_names: tuple             # joint names, in the state's order
+    action_names: tuple            # joint names, in the action's order
+    delta_action_mask: tuple = ()  # per action column: True = the policy outputs it relative to the state
+    memory_prompt: str = "Describe the scene in one sentence."
+
+    @staticmethod
+    def of(settings) -> "RobotLayout":
+        """The layout of anything with the node ``Settings``' fields of the same names."""
+        return RobotLayout(tuple(settings.slot_topics), tuple(settings.state_names), tuple(settings.action_names),
+                           tuple(bool(x) for x in settings.delta_action_mask), str(settings.memory_prompt))
 
 
 @dataclass(frozen=True)
@@ -43,16 +61,16 @@ class TopicMap:
     text_targets: str = "/text_targets"
 
     @staticmethod
-    def from_settings(settings, **topics) -> "TopicMap":
-        """Cameras and joint names from the node's ``Settings`` (relative names get a leading '/'); other topics
-        from ``topics`` (None = default)."""
+    def from_layout(layout: RobotLayout, **topics) -> "TopicMap":
+        """Cameras and joint names from the robot's layout (relative names get a leading '/'); other topics from
+        ``topics`` (None = default)."""
         rel = lambda t: (t if t.startswith("/") else "/" + t) if t else ""  # noqa: E731
-        if not settings.state_names or not settings.action_names:
+        if not layout.state_names or not layout.action_names:
             raise DataError("the parameter file must name state_joint_names and action_joint_names (training needs "
                             "the joints' order)")
         kw = {k: rel(v) for k, v in topics.items() if v is not None}
-        return TopicMap(tuple(rel(t) for t in settings.slot_topics), tuple(settings.state_names),
-                        tuple(settings.action_names), **kw)
+        return TopicMap(tuple(rel(t) for t in layout.slot_topics), tuple(layout.state_names),
+                        tuple(layout.action_names), **kw)
 
 
 @dataclass
@@ -117,7 +135,7 @@ def _read_bag(path: Path, tm: TopicMap):
     """All mapped messages of one bag, decoded, sorted by log time."""
     from rosbags.rosbag2 import Reader  # noqa: PLC0415
 
-    from oxygen_ros.tools.bag_types import typestore  # noqa: PLC0415 - pure rosbags + our msg definitions
+    from oxygen_ros.bags.types import typestore  # noqa: PLC0415 - pure rosbags + our msg definitions
 
     ts = typestore()
     try:

@@ -1,6 +1,7 @@
 """The training loop: data -> model -> optimiser -> checkpoints the node loads, resumable and distributed.
 
-This file owns a run.  ``Trainer(options)`` loads the episodes (``data.py``), splits off validation episodes,
+This file owns a run.  ``Trainer(options, layout)`` (``layout``: the robot's ``data.RobotLayout``, which the caller
+reads from the node's parameter file) loads the episodes (``data.py``), splits off validation episodes,
 computes the norm stats (or takes them from ``--init``), trains the domain tokenizer (``tokenizer.py``), builds the
 model (``model/pi05.py`` from a preset with the data's horizon and vocabulary, or ``--init`` weights) and runs
 ``options.steps`` AdamW steps with linear warm-up + cosine decay, gradient clipping, optional bf16 autocast, the
@@ -38,7 +39,7 @@ __all__ = ["TrainOptions", "Trainer", "lr_at"]
 class TrainOptions:
     bags: list
     out: str
-    params: str | None = None              # node parameter file: camera topics, joint names, delta_action_mask
+    params: str | None = None              # node parameter file the caller read the RobotLayout from (recorded)
     preset: str = "demo"
     steps: int = 1000
     batch_size: int = 32
@@ -89,8 +90,9 @@ class _Step(torch.nn.Module):
 
 
 class Trainer:
-    def __init__(self, o: TrainOptions, eval_hook=None, log=None):
+    def __init__(self, o: TrainOptions, layout, eval_hook=None, log=None):
         self.o = o
+        self.layout = layout           # data.RobotLayout: cameras, joint names, delta_action_mask, memory prompt
         self.eval_hook = eval_hook
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
@@ -109,7 +111,6 @@ class Trainer:
         from oxygen_ros.model.checkpoint import CheckpointError  # noqa: PLC0415
         from oxygen_ros.model.pi05 import Pi05Model  # noqa: PLC0415
         from oxygen_ros.model.tokenizer import SPM_FILENAME, SentencePieceTokenizer  # noqa: PLC0415
-        from oxygen_ros.ros.parameters import Settings, load_params_file, package_config  # noqa: PLC0415
 
         from .batches import BatchMaker  # noqa: PLC0415
         from .data import TopicMap, describe, load_episodes, norm_stats, split_episodes  # noqa: PLC0415
@@ -120,10 +121,9 @@ class Trainer:
             torch.set_num_threads(o.threads)
         if self.world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        settings = Settings.from_values(load_params_file(o.params or package_config("sim_aloha.yaml")))
-        self.settings = settings
-        self.delta_mask = np.zeros(len(settings.action_names), bool)
-        dm = np.asarray(settings.delta_action_mask, bool)
+        layout = self.layout
+        self.delta_mask = np.zeros(len(layout.action_names), bool)
+        dm = np.asarray(layout.delta_action_mask, bool)
         self.delta_mask[:len(dm)] = dm
         resume_dir = self._latest() if o.resume else None
         if o.resume and resume_dir is None:
@@ -146,7 +146,7 @@ class Trainer:
             if o.horizon:
                 over["action_horizon"] = o.horizon
             cfg = get_config(o.preset, **over)
-        tm = TopicMap.from_settings(settings, **o.topics)
+        tm = TopicMap.from_layout(layout, **o.topics)
         t0 = time.perf_counter()
         episodes = load_episodes(o.bags, tm, image_size=cfg.image_size)
         self._say(f"data: {describe(episodes)} ({time.perf_counter() - t0:.0f} s to read)")
@@ -164,7 +164,7 @@ class Trainer:
             ns = NormStats.from_dict(norm_stats(self.train_eps, cfg.action_horizon, self.delta_mask))
             self.tok_path = self.out / "tokenizer" / SPM_FILENAME
             if self.rank == 0:
-                train_tokenizer(domain_lines(self.train_eps, ns.to_dict(), settings.memory_prompt), self.tok_path,
+                train_tokenizer(domain_lines(self.train_eps, ns.to_dict(), layout.memory_prompt), self.tok_path,
                                 o.vocab_size)
             if self.world > 1:
                 torch.distributed.barrier()

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from oxygen_ros.tools.harness import Monitor, NodeProcess, isolate_dds  # noqa: PLC0415
-    from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
+    from oxygen_ros.tools.bags.replay import BagReplayer, make_bag  # noqa: PLC0415
 
     isolate_dds()
     out = Path(a.out)

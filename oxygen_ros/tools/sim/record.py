@@ -61,7 +61,7 @@ class EpisodeBagWriter:
     def __init__(self, path: Path):
         from rosbags.rosbag2 import StoragePlugin, Writer  # noqa: PLC0415
 
-        from .bag_types import typestore  # noqa: PLC0415
+        from oxygen_ros.bags.types import typestore  # noqa: PLC0415
 
         self.ts = ts = typestore()
         names = {"Image": "sensor_msgs/msg/Image", "JointState": "sensor_msgs/msg/JointState",

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from oxygen_ros.tools.harness import isolate_dds  # noqa: PLC0415
-    from oxygen_ros.tools.bags import make_bag  # noqa: PLC0415
+    from oxygen_ros.tools.bags.replay import make_bag  # noqa: PLC0415
 
     isolate_dds()
     out = Path(a.out)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
     """One node run (``mode``: a chunking mode, or "" = the params file's): measurements + smoothness."""
     from oxygen_ros.tools.harness import Monitor, NodeProcess, stats_ms  # noqa: PLC0415
-    from oxygen_ros.tools.bags import BagReplayer  # noqa: PLC0415
+    from oxygen_ros.tools.bags.replay import BagReplayer  # noqa: PLC0415
 
     params = {"control_rate_hz": a.control_rate, "memory_db": "", "memory_interval_s": 0.0, "device": a.device,
               "outputs": ["action_chunk", "joint_trajectory"]}

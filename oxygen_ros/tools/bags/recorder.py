@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from .bag_types import msg_class
-from .output_bag import OUTPUTS, OutputBag
+from .classes import msg_class
+from .output import OUTPUTS, OutputBag
 
 __all__ = ["OutputRecorder"]
 

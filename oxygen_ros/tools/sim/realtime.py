@@ -10,7 +10,7 @@ truth per camera frame), ``action_chunk`` (a frame index -> capture time map, to
 it read), ``conversation/result`` and ``memory/entries``; it asks the scene questions on ``conversation/prompt`` at the
 cell's rate on sim time.  Here the policy's real compute time is the latency: sim time runs at ``real_time_factor`` x
 the wall clock, so an engine mode that computes longer acts on older observations and less often.  Each episode comes
-back as a ``sim.episode.EpisodeResult`` (+ language log), measured by ``tools/sim_report.py`` like a lockstep one.
+back as a ``sim.episode.EpisodeResult`` (+ language log), measured by ``tools/sim/report.py`` like a lockstep one.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import BackgroundSpin
+from ..harness import BackgroundSpin
 
 __all__ = ["RealtimeCell", "SimWatch"]
 
@@ -143,7 +143,7 @@ class RealtimeCell:
         from oxygen_ros.ros.lockstep import default_sim_params  # noqa: PLC0415
         from oxygen_ros.sim.tasks import QUESTIONS, draw_task  # noqa: PLC0415
 
-        from .harness import NodeProcess, isolate_dds  # noqa: PLC0415
+        from ..harness import NodeProcess, isolate_dds  # noqa: PLC0415
         from oxygen_ros.ros.lockstep import LanguageLoad  # noqa: PLC0415
 
         c, cell = self.c, self.cell
@@ -189,7 +189,7 @@ class RealtimeCell:
         from oxygen_ros.sim.episode import EpisodeConfig, EpisodeResult, frame_key  # noqa: PLC0415
         from oxygen_ros.srv import ResetEpisode  # noqa: PLC0415
 
-        from .sim_report import episode_measures  # noqa: PLC0415
+        from .report import episode_measures  # noqa: PLC0415
 
         spec = draw_task(task, seed)
         watch.clear()

@@ -1,4 +1,4 @@
-"""What both demos (``tools/demo.py``: the open-loop bag demo, ``tools/sim_demo.py``: the closed loop) show besides
+"""What both demos (``tools/sim/demo.py``: the open-loop bag demo, ``tools/sim/demo_loop.py``: the closed loop) show besides
 their own loop: the random-weights note, a diagnostics level as text, and the timeline plot (action-chunk arrivals,
 tokens per request, inference latency and observation age).  Pure matplotlib / numpy over the monitor's records.
 """

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .bag_types import typestore
+from oxygen_ros.bags.types import typestore
 from .topic_names import TopicNames
 
 __all__ = ["OUTPUTS", "OutputBag", "bag_files"]

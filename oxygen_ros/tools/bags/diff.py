@@ -42,7 +42,7 @@ def read_bag(path) -> dict[str, tuple[str, list[Record]]]:
     """topic -> (msgtype, records in log-time order) of a rosbag2 directory."""
     from rosbags.rosbag2 import Reader  # noqa: PLC0415
 
-    from .bag_types import typestore  # noqa: PLC0415
+    from oxygen_ros.bags.types import typestore  # noqa: PLC0415
 
     ts = typestore()
     out: dict[str, tuple[str, list[Record]]] = {}

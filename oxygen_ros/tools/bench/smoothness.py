@@ -42,12 +42,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")     # see tools/bench.py: sp
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ..engine.engine import Engine, EngineConfig  # noqa: E402
-from ..engine.requests import RTCRequest  # noqa: E402
-from ..model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer  # noqa: E402
-from ..model.rtc import rtc_target, sample_actions_rtc  # noqa: E402
-from ..ros.control import ChunkBuffer  # noqa: E402
-from .bench.report import hardware  # noqa: E402
+from ...engine.engine import Engine, EngineConfig  # noqa: E402
+from ...engine.requests import RTCRequest  # noqa: E402
+from ...model import ByteTokenizer, Observation, Processor, build_model, get_config, load_tokenizer  # noqa: E402
+from ...model.rtc import rtc_target, sample_actions_rtc  # noqa: E402
+from ...ros.control import ChunkBuffer  # noqa: E402
+from .report import hardware  # noqa: E402
 
 MODES = ("none", "blend", "rtc")
 PROMPT = "pick up the red block"

@@ -1,4 +1,4 @@
-"""The closed-loop part of ``oxygen demo`` (``tools/demo.py`` holds the options): the shipped policy driving the
+"""The closed-loop part of ``oxygen demo`` (``tools/sim/demo.py`` holds the options): the shipped policy driving the
 simulated robot over DDS, narrated live, recorded as a video.
 
 This file owns that run: ``run(args)`` starts ``oxygen_node`` (``config/sim_aloha.yaml``, ``use_sim_time``, the
@@ -6,7 +6,7 @@ policy) and ``sim_node`` (``clock: realtime``, one episode per ``~/reset``) thro
 with ``harness.Monitor`` (chunks, tokens, diagnostics) and ``sim_realtime.SimWatch`` (episodes, cameras, executed
 commands, ground truth), starts each episode, asks the scene questions on ``conversation/prompt`` every
 ``QUESTION_EVERY_S`` of sim time, prints outcomes, status lines, answers and memory entries with their ground truth,
-and writes the video (``tools/sim_video.py``), the timeline and the summary.  Exit status 0 when both nodes ran and
+and writes the video (``tools/sim/video.py``), the timeline and the summary.  Exit status 0 when both nodes ran and
 exited cleanly (not a judgement of the policy: the summary reports success and answer accuracy).
 """
 from __future__ import annotations
@@ -30,10 +30,10 @@ def run(a) -> int:
     from oxygen_ros.sim.tasks import QUESTIONS, TASKS, draw_task  # noqa: PLC0415
 
     from .demo_timeline import RANDOM_NOTE, diag_level, plot_timeline  # noqa: PLC0415
-    from .harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
-    from .sim_report import normalise  # noqa: PLC0415
-    from .sim_realtime import SimWatch  # noqa: PLC0415
-    from .sim_video import EpisodeVideo  # noqa: PLC0415
+    from ..harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
+    from .report import normalise  # noqa: PLC0415
+    from .realtime import SimWatch  # noqa: PLC0415
+    from .video import EpisodeVideo  # noqa: PLC0415
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     bad = [t for t in tasks if t not in TASKS]
@@ -141,7 +141,7 @@ def _episode(a, task, seed, watch, mon, node, sim, spec, questions, qa, memories
     from oxygen_ros.sim.tasks import MEMORY_PROMPT  # noqa: PLC0415
     from oxygen_ros.srv import ResetEpisode  # noqa: PLC0415
 
-    from .sim_report import colours_in  # noqa: PLC0415
+    from .report import colours_in  # noqa: PLC0415
 
     watch.clear()
     n_ans, n_mem = len(watch.answers), len(watch.memories)

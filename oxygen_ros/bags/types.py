@@ -2,17 +2,16 @@
 
 This file owns how a bag's type names become types: ``typestore()`` is a rosbags Typestore for ROS 2 Kilted plus the
 ``oxygen_ros`` messages, registered from the ``.msg`` text in ``msg/`` (source checkout or the installed share
-directory), so ``ros2 bag`` and rosbags read our bags and we read bags recorded on a robot; ``msg_class(name)``
-gives the generated rclpy class of a type name (``oxygen_ros/msg/ActionChunk`` -> ``oxygen_ros.msg.ActionChunk``)
-for publishing or subscribing raw CDR.  ``bags.py`` (make-bag, replay), ``output_bag.py`` (the output bag writer),
-``recorder.py``, ``bag_eval.py`` and ``bag_diff.py`` import it; it imports none of them.  No rclpy at import.
+directory), so ``ros2 bag`` and rosbags read our bags and we read bags recorded on a robot.  ``tools/bags/``
+(replay.py: make-bag, replay; output.py: the output bag writer; eval.py, diff.py), ``tools/sim/record.py`` and
+``train/data.py`` import it; it imports none of them.  No rclpy: rosbags (and ament_index to find an installed
+msg/); the generated ROS classes of the same names, for DDS, are ``tools/bags/classes.py``'s.
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
-__all__ = ["msg_dir", "typestore", "msg_class"]
+__all__ = ["msg_dir", "typestore"]
 
 
 def msg_dir() -> Path | None:
@@ -41,10 +40,3 @@ def typestore():
         ts.register(types)
     return ts
 
-
-def msg_class(msgtype: str):
-    """The generated Python class of a message type name ``pkg/msg/Name`` (imports ``pkg.msg``)."""
-    pkg, sep, name = msgtype.partition("/msg/")
-    if not sep or not name:
-        raise ValueError(f"not a message type name of the form pkg/msg/Name: {msgtype!r}")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)

@@ -49,14 +49,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.bag:
         return _bag_demo(a)
-    from .sim_demo import run  # noqa: PLC0415
+    from .demo_loop import run  # noqa: PLC0415
     return run(a)
 
 
 def _bag_demo(a) -> int:
     """The node fed by a replayed bag (``--bag PATH`` or ``--bag synthetic``) on wall time."""
     from oxygen_ros.tools.harness import Monitor, NodeProcess, isolate_dds, stats_ms  # noqa: PLC0415
-    from oxygen_ros.tools.bags import BagReplayer, make_bag  # noqa: PLC0415
+    from oxygen_ros.tools.bags.replay import BagReplayer, make_bag  # noqa: PLC0415
 
     isolate_dds()
     out = Path(a.out)

@@ -9,7 +9,7 @@ subscribe to (``camera_topics``, ``joint_states``, ``instruction``, ``conversati
 ``--namespace`` / ``--remap`` like the node's names), and ``pipeline.step(t)`` runs when the node's inference thread
 would start a cycle (``InferenceSchedule``).  Inference is instantaneous in bag time: a chunk is ready at its
 cycle's start, and tokens, answers and memory entries are stamped with the bag time of the cycle that produced them.
-Outputs go through the node's message builders (``ros/messages.py``) into an ``OutputBag`` (``tools/output_bag.py``):
+Outputs go through the node's message builders (``ros/messages.py``) into an ``OutputBag`` (``tools/bags/output.py``):
 ``action_chunk`` once per new chunk (what the control loop publishes at its first tick after the chunk arrives: the
 buffer's remainder at the ready time, blending and ``chunk_time_origin`` applied), ``language/tokens``,
 ``conversation/response``, ``memory/entries``.  Wall-clock values never enter the bag (``inference_latency_ms`` is
@@ -33,7 +33,7 @@ from typing import Callable
 
 from oxygen_ros.ros.parameters import ConfigureError, Settings, load_params_file, parse_overrides
 
-from .output_bag import OutputBag
+from .output import OutputBag
 from .topic_names import TopicNames
 
 __all__ = ["InferenceSchedule", "EvalOptions", "BagEval", "settings_for_eval", "run_command", "main"]
@@ -233,7 +233,7 @@ class BagEval:
 
         from oxygen_ros.ros.pipeline import Pipeline  # noqa: PLC0415
 
-        from .bag_types import typestore  # noqa: PLC0415
+        from oxygen_ros.bags.types import typestore  # noqa: PLC0415
 
         o, s = self.o, self.settings
         with Reader(Path(o.bag)) as reader:

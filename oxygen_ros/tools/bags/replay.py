@@ -5,12 +5,12 @@ default, ``--storage sqlite3`` for ``.db3``; metadata version 9, readable by Jaz
 node's inputs: three cameras (``/camera/base/image_raw`` rgb8, the two wrist cameras bgr8; a coloured block moving
 over a textured background, so consecutive frames differ), ``/joint_states`` (14 named joints, smooth sinusoids),
 ``/instruction`` (repeated every 2 s so late subscribers get it) and ``/conversation/prompt`` (a few questions). It
-is written with ``rosbags`` (pure Python); the types, ``oxygen_ros``'s included, come from ``tools/bag_types.py``, so
+is written with ``rosbags`` (pure Python); the types, ``oxygen_ros``'s included, come from ``bags/types.py``, so
 bags recorded on a robot with our topics can be read too. ``oxygen replay BAG`` (``replay_main``; class
 ``BagReplayer``) republishes the recorded CDR bytes unchanged through rclpy at recorded timing (``--rate``,
 ``--loop``, ``--duration``, ``--namespace``, ``--clock HZ`` to publish ``/clock`` in bag time for ``use_sim_time``
 nodes, like ``ros2 bag play --clock``; time jumps back when a loop restarts; ``--record OUT`` also records the
-node's outputs into an output bag with ``oxygen bag-eval``'s layout, ``tools/recorder.py``). By default it restamps:
+node's outputs into an output bag with ``oxygen bag-eval``'s layout, ``tools/bags/recorder.py``). By default it restamps:
 ``header.stamp`` of every message that starts with a ``std_msgs/Header`` is overwritten in the CDR bytes with the
 current ROS time at publication (so the node's observation-age checks see live data and published chunks carry the
 replayed frames' new capture times); ``--no-restamp`` keeps the recorded stamps (the node will then treat them as
@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bag_types import msg_class, typestore
+from oxygen_ros.bags.types import typestore
+
+from .classes import msg_class
 
 __all__ = ["make_bag", "make_bag_main", "replay_main", "BagReplayer", "CAMERA_TOPICS",
            "JOINT_NAMES", "DEFAULT_INSTRUCTION", "DEFAULT_QUESTIONS", "bag_summary"]
@@ -409,7 +411,7 @@ def replay_main(argv=None) -> int:
               f"restamp {a.restamp}) on {len(rep._pubs)} topics", flush=True)
     out_bag = None
     if a.record:
-        from .output_bag import OutputBag  # noqa: PLC0415
+        from .output import OutputBag  # noqa: PLC0415
         from .recorder import OutputRecorder  # noqa: PLC0415
         from .topic_names import TopicNames  # noqa: PLC0415
         try:
@@ -464,5 +466,5 @@ if __name__ == "__main__":
         sys.exit(make_bag_main(sys.argv[2:]))
     if cmd == "replay":
         sys.exit(replay_main(sys.argv[2:]))
-    print("usage: python -m oxygen_ros.tools.bags {make-bag|replay} ...", file=sys.stderr)
+    print("usage: python -m oxygen_ros.tools.bags.replay {make-bag|replay} ...", file=sys.stderr)
     sys.exit(2)

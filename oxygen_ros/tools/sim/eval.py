@@ -8,7 +8,7 @@ control steps; the policy is ``expert`` (the scripted expert through the same ac
 weights of ``preset``) or a checkpoint directory (the node's ``checkpoint`` parameter).  Language load
 ``none`` | ``q<s>`` | ``m<s>`` | ``q<s>m<s>``: a scene question every <s> sim seconds on the conversation path and/or a
 memory request every <s> (the node's ``memory_interval_s``); answers and memory entries are scored against the
-ground truth of the frame they read (``tools/sim_report.py`` defines every number).
+ground truth of the frame they read (``tools/sim/report.py`` defines every number).
 
 Outputs under ``--out``: the table on stdout and in ``table.txt``, ``results.json`` (configuration, hardware, per
 cell aggregates, every episode), plots (``results_delay.png``, ``results_language.png`` when those axes vary) and one
@@ -100,7 +100,7 @@ class _Worker:
         from oxygen_ros.sim.scene import CONTROL_DT, AlohaScene  # noqa: PLC0415
         from oxygen_ros.sim.tasks import draw_task  # noqa: PLC0415
 
-        from .sim_report import episode_measures  # noqa: PLC0415
+        from .report import episode_measures  # noqa: PLC0415
 
         c, cell = self.c, job["cell"]
         if self.sim is None:
@@ -111,7 +111,7 @@ class _Worker:
         hooks = {}
         video = None
         if job.get("video"):
-            from .sim_video import EpisodeVideo  # noqa: PLC0415
+            from .video import EpisodeVideo  # noqa: PLC0415
             video = EpisodeVideo(f"{spec.task} seed {spec.seed}: {spec.instruction}",
                                  1.0 / (CONTROL_DT * c["camera_every"]))
             cmds = []
@@ -196,8 +196,8 @@ def cell_node_params(common: dict, cell: dict) -> dict:
 
 def run_realtime(common: dict, cells: list[dict], tasks: list[str], seeds, rtf: float, quiet: bool = False) -> list:
     """``--clock realtime``: each cell's episodes through sim_node + oxygen_node over DDS, one cell after another
-    (``tools/sim_realtime.py``); a cell whose processes fail marks its episodes incomplete."""
-    from .sim_realtime import RealtimeCell  # noqa: PLC0415
+    (``tools/sim/realtime.py``); a cell whose processes fail marks its episodes incomplete."""
+    from .realtime import RealtimeCell  # noqa: PLC0415
 
     prog = _Progress(len(cells) * len(tasks) * len(seeds), quiet)
     out = []
@@ -309,7 +309,7 @@ def _cells(engine_modes, chunkings, delays_ms, languages) -> list[dict]:
 
 
 def _summarise(cells: list[dict], episodes: list[dict]) -> list[dict]:
-    from .sim_report import aggregate  # noqa: PLC0415
+    from .report import aggregate  # noqa: PLC0415
 
     out = []
     for cell in cells:
@@ -341,7 +341,7 @@ def _hardware() -> dict:
 
 
 def _write_outputs(out: Path, config: dict, cells: list[dict], episodes: list[dict], wall_s: float) -> str:
-    from .sim_report import format_table, plot  # noqa: PLC0415
+    from .report import format_table, plot  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
     table = format_table(cells)
@@ -378,7 +378,7 @@ def merge(dirs: list[str], out: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     from oxygen_ros.sim.tasks import TASKS  # noqa: PLC0415
 
-    from .sim_record import parse_seeds  # noqa: PLC0415
+    from .record import parse_seeds  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="oxygen sim-eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="expert", help="expert | random | demo (the shipped policy) | a checkpoint "
