@@ -201,20 +201,18 @@ class Expert:
         return Goal("approach", G_OPEN, point, R, cone=(point, np.array([0.0, 0.0, 1.0]), APPROACH_Z))
 
     def _transfer_frames(self) -> None:
-        """The hand-over geometry, fixed by the task's cube and the arms (gym-aloha / ACT): the right gripper turned
-        by ``TILT`` toward the left arm about its closing axis; the left gripper facing it, closing on the free
-        faces."""
+        """The hand-over geometry (as ACT's scripted policy, in the arms' common plane y = 0.5 where both reach it
+        exactly): the right gripper at ``MEET`` closing along world y (the sign nearest its grasp's closing axis, so
+        the wrist turns the least), tilted by ``TILT`` from pointing down toward the left arm; the left gripper facing
+        its tips, closing on the cube's free faces."""
         if self.spec.task != "transfer":
             return
         cube = self.spec.scene.cubes[self.i]
         yaw = _grasp_yaw(cube.yaw, self.sim.arm_base["right"][:2], np.array([cube.x, cube.y]))
-        closing = down_rotation(yaw)[:, 1]
-        toward = np.array([-closing[1], closing[0], 0.0])
-        toward = toward if toward[0] < 0 else -toward
-        self.tip = np.cos(TILT) * np.array([0.0, 0.0, -1.0]) + np.sin(TILT) * toward
+        closing = np.array([0.0, 1.0 if np.sin(yaw) >= 0 else -1.0, 0.0])
+        self.tip = np.cos(TILT) * np.array([0.0, 0.0, -1.0]) + np.sin(TILT) * np.array([-1.0, 0.0, 0.0])
         self.side = gripper_frame(self.tip, closing)
-        across = np.cross(self.tip, closing)               # the held cube's third face normal
-        self.vert = gripper_frame(-self.tip, across)
+        self.vert = gripper_frame(-self.tip, np.cross(self.tip, closing))
         self.grasp_l, self.pre_l = self._handover(MEET)      # where the left waits, and keeps the cube
 
     def _handover(self, cube: np.ndarray) -> tuple:
