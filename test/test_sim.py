@@ -279,17 +279,39 @@ def test_sim_record_writes_the_episode_bag_the_trainer_reads(tmp_path):
         record(["--out", str(out), "--task", "reach", "--seeds", "0:1"])      # exists, no --overwrite
 
 
+def test_the_summary_keeps_cells_and_episode_scalars_and_leaves_out_per_episode_lists():
+    """summary.json (what bench/results/ keeps of a sim-eval run): the cells exactly, one row of scalars and small
+    dicts per episode, every per-episode list left out and named."""
+    from oxygen_ros.tools.sim.report import summary
+    cells = [{"name": "oxygen-blend-0ms-none", "aggregate": {"tasks": {"reach": {"n": 2, "success": 1}}}}]
+    eps = [{"cell": "oxygen-blend-0ms-none", "task": "reach", "seed": i, "success": bool(i), "success_time": None,
+            "rejected": {"stale": i}, "switch_jumps": [0.1] * 500, "inside_steps": [0.01] * 5000, "answers": []}
+           for i in range(2)]
+    doc = {"config": {"policy": "expert"}, "hardware": {"cpu": "x"}, "wall_s": 1.5, "cells": cells, "plots": [],
+           "episodes": eps}
+    s = summary(doc)
+    assert {k: s[k] for k in ("config", "hardware", "wall_s", "cells", "plots")} == \
+        {k: doc[k] for k in ("config", "hardware", "wall_s", "cells", "plots")}
+    assert s["episodes"] == [{"cell": "oxygen-blend-0ms-none", "task": "reach", "seed": i, "success": bool(i),
+                              "success_time": None, "rejected": {"stale": i}} for i in range(2)]
+    assert s["left_out"] == ["answers", "inside_steps", "switch_jumps"]
+    assert len(eps[0]["switch_jumps"]) == 500                      # the input document is not changed
+
+
 def test_a_grid_option_meant_for_one_chunking_mode_does_not_break_the_others(tmp_path):
     """``-p blend_steps:=N`` over a none / blend / rtc grid: the node refuses blend_steps without blend, so the grid
     gives it to the blend cells only - every cell runs (it once marked the none and rtc cells incomplete)."""
     import json
 
     from oxygen_ros.tools.sim import eval as sim_eval
+    from oxygen_ros.tools.sim.report import summary
     out = tmp_path / "grid"
     rc = sim_eval.main(["--policy", "expert", "--task", "reach", "--seeds", "0:1", "--chunking", "none,blend,rtc",
                         "-p", "blend_steps:=3", "--no-video", "--quiet", "--out", str(out)])
     assert rc == 0
-    cells = json.loads((out / "results.json").read_text())["cells"]
+    doc = json.loads((out / "results.json").read_text())
+    cells = doc["cells"]
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary(doc)))
     assert {c["chunking"] for c in cells} == {"none", "blend", "rtc"}
     assert all(c["aggregate"]["incomplete"] == 0 and c["aggregate"]["tasks"]["reach"]["n"] == 1 for c in cells), \
         [(c["name"], c["aggregate"]["incomplete"]) for c in cells]

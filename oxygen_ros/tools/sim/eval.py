@@ -11,7 +11,8 @@ memory request every <s> (the node's ``memory_interval_s``); answers and memory 
 ground truth of the frame they read (``tools/sim/report.py`` defines every number).
 
 Outputs under ``--out``: the table on stdout and in ``table.txt``, ``results.json`` (configuration, hardware, per
-cell aggregates, every episode), plots (``results_delay.png``, ``results_language.png`` when those axes vary) and one
+cell aggregates, every episode), ``summary.json`` (the same without the per-episode lists: what ``bench/results/``
+keeps), plots (``results_delay.png``, ``results_language.png`` when those axes vary) and one
 episode video per cell (``videos/*.mp4``, the first seed of the first task, unless ``--no-video``).  Files are
 written atomically (temp file + rename).  A worker that crashes is reported with the episode it was running, which is
 marked incomplete (never counted as a failure); the grid still finishes.  ``--merge DIR ...`` combines the
@@ -341,7 +342,7 @@ def _hardware() -> dict:
 
 
 def _write_outputs(out: Path, config: dict, cells: list[dict], episodes: list[dict], wall_s: float) -> str:
-    from .report import format_table, plot  # noqa: PLC0415
+    from .report import format_table, plot, summary  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
     table = format_table(cells)
@@ -349,6 +350,7 @@ def _write_outputs(out: Path, config: dict, cells: list[dict], episodes: list[di
     doc = {"config": config, "hardware": _hardware(), "wall_s": wall_s, "cells": cells, "plots": plots,
            "episodes": episodes}
     _write_atomic(out / "results.json", json.dumps(doc, indent=1, default=str))
+    _write_atomic(out / "summary.json", json.dumps(summary(doc), indent=1, default=str))
     _write_atomic(out / "table.txt", table + "\n")
     return table
 

@@ -14,6 +14,9 @@ This file owns the definitions of the reported numbers:
 * **answer accuracy**: a conversation answer is right when it equals the ground truth of the frame it read (lower
   case, surrounding spaces and a final period ignored); **memory accuracy**: a memory entry names the right objects
   when the set of cube colours it mentions equals the ground truth's (``memory_exact``: the whole sentence equal).
+
+``summary(doc)`` is the part of a run's ``results.json`` a reader needs (``summary.json``, what ``bench/results/``
+keeps): everything but the per-episode lists, so hundreds of episodes stay well under a megabyte.
 """
 from __future__ import annotations
 
@@ -209,3 +212,14 @@ def plot(cells: list[dict], path) -> list[str]:
         plt.close(fig)
         written.append(f)
     return written
+
+
+def summary(doc: dict) -> dict:
+    """A ``results.json`` document -> its ``summary.json``: configuration, hardware, per-cell aggregates (what the
+    table and plots show) and one row of scalars per episode (task, seed, success, times, counts); the per-episode
+    lists (switch jumps, inside steps, answers, memory entries) are left out and named in ``left_out``."""
+    out = {k: v for k, v in doc.items() if k != "episodes"}
+    episodes = doc.get("episodes", [])
+    out["episodes"] = [{k: v for k, v in e.items() if not isinstance(v, list)} for e in episodes]
+    out["left_out"] = sorted({k for e in episodes for k, v in e.items() if isinstance(v, list)})
+    return out
