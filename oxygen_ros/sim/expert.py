@@ -52,6 +52,8 @@ APPROACH_Z = 0.10                  # max height of the approach funnel above the
 FUNNEL = 4.0                       # ... which is FUNNEL x the horizontal distance from it (a steep funnel: the
                                    # fingers come down around the cube only once they are over it)
 HELD_DIST = 0.03                   # m: a cube this close to the grip site is between the finger pads
+FAR_FROM, FAR_FULL = 0.45, 0.62    # m from the arm's base: beyond FAR_FROM the gripper tilts outward, FAR_TILT at
+FAR_TILT = np.deg2rad(40.0)        # FAR_FULL (reach's far arm: the cube across the table)
 GRASP_Z = 0.0                      # grip site height above the cube's centre when closing (pick, transfer): the
                                    # lowest the finger tips allow (they touch the table with the site at ~1.9 cm)
 REACH_Z = 0.015                    # reach: grip site this far above the cube's centre, fingers around its top
@@ -179,7 +181,17 @@ class Expert:
 
     # ---- decisions -------------------------------------------------------------------------------------------------
     def _down(self, w: World, arm: str) -> np.ndarray:
-        return down_rotation(_grasp_yaw(w.cube_yaw, self.sim.arm_base[arm][:2], w.cube[:2]))
+        """Pointing down at the cube, fingers across two faces; a cube far from the arm's base is approached with the
+        gripper tilted outward about its closing axis (up to ``FAR_TILT``), or the wrist could not reach it."""
+        base = self.sim.arm_base[arm][:2]
+        R = down_rotation(_grasp_yaw(w.cube_yaw, base, w.cube[:2]))
+        out = w.cube[:2] - base
+        d = float(np.linalg.norm(out))
+        tilt = FAR_TILT * float(np.clip((d - FAR_FROM) / (FAR_FULL - FAR_FROM), 0.0, 1.0))
+        if tilt <= 0.0:
+            return R
+        fwd = np.cos(tilt) * np.array([0.0, 0.0, -1.0]) + np.sin(tilt) * np.array([out[0], out[1], 0.0]) / d
+        return gripper_frame(fwd, R[:, 1])
 
     def _idle(self, arm: str, grip: float = G_OPEN) -> Goal:
         return Goal("idle", grip, q=self.start_q[arm])

@@ -7,9 +7,13 @@ takes cameras and joint names from the node's own parameters (a robot's ``oxygen
 options.  ``load_episodes(bags, topics)`` reads each bag once with rosbags (no ROS needed) and cuts it
 into ``Episode`` s at the ``EpisodeStatus`` boundaries (a bag without that topic is one episode): per base-camera
 frame the three slots' images (uint8; a slot whose camera is missing or has no frame within ``FRAME_TOL`` is masked),
-the joint state in force, the instruction in force and the text targets stamped at that frame; per control step the
-executed actions.  A training sample is a frame: its images, state, the next H executed actions from the frame's time
-on (rows past the episode's end are padding, masked out of the loss) and one of its text targets.
+the joint state in force, the instruction in force, the text targets stamped at that frame and, when the bag has
+them, the frame's *action label* (``trajectory_msgs/JointTrajectory`` stamped with the frame: the chunk an expert
+commands from that state, as ``oxygen sim-record`` writes); per control step the executed actions.  A training
+sample is a frame: its images, state, its action chunk - the label's first H rows when it has one, else the next H
+executed actions from the frame's time on (rows past the label's or the episode's end are padding, masked out of the
+loss) - and one of its text targets.  Failed episodes are skipped unless their frames are labelled (a DAgger
+rollout's failures are what it learns from).
 ``norm_stats`` computes openpi's quantile statistics (q01 / q99, plus mean / std) of states and of actions in the
 space the policy outputs (``delta_action_mask`` columns relative to the state at the frame, as ``ros/action_space.py``
 converts back).  Bad input fails before training with the bag, topic and field named: a mapped topic missing, joint
@@ -59,6 +63,7 @@ class TopicMap:
     instruction: str = "/instruction"
     episode: str = "/episode"
     text_targets: str = "/text_targets"
+    labels: str = "/action_label"
 
     @staticmethod
     def from_layout(layout: RobotLayout, **topics) -> "TopicMap":
@@ -85,15 +90,20 @@ class Episode:
     action_ns: np.ndarray          # [T] int64
     actions: np.ndarray            # [T, A] float32: executed actions, one per control step
     meta: dict = field(default_factory=dict)     # task, seed, success from the episode status
+    labels: np.ndarray | None = None             # [F, L, A] float32: each frame's action label (None: no labels)
+    label_rows: np.ndarray | None = None         # [F] int: valid rows of each frame's label (0 = unlabelled frame)
 
     @property
     def num_frames(self) -> int:
         return len(self.frame_ns)
 
     def action_chunk(self, frame: int, horizon: int) -> tuple[np.ndarray, np.ndarray]:
-        """The executed actions from frame ``frame``'s time on: ([H, A], valid [H])."""
-        start = int(np.searchsorted(self.action_ns, self.frame_ns[frame], side="left"))
-        rows = self.actions[start:start + horizon]
+        """The frame's action label, else the executed actions from frame ``frame``'s time on: ([H, A], valid [H])."""
+        if self.labels is not None and self.label_rows[frame] > 0:
+            rows = self.labels[frame, :min(horizon, int(self.label_rows[frame]))]
+        else:
+            start = int(np.searchsorted(self.action_ns, self.frame_ns[frame], side="left"))
+            rows = self.actions[start:start + horizon]
         out = np.zeros((horizon, self.actions.shape[1]), np.float32)
         valid = np.zeros(horizon, bool)
         out[:len(rows)] = rows
@@ -147,7 +157,7 @@ def _read_bag(path: Path, tm: TopicMap):
         topics = {c.topic: c for c in reader.connections if c.msgcount > 0}
         wanted = {t: k for k, t in (("joint_states", tm.joint_states), ("actions", tm.actions),
                                     ("instruction", tm.instruction), ("episode", tm.episode),
-                                    ("text", tm.text_targets))}
+                                    ("text", tm.text_targets), ("label", tm.labels))}
         for slot, cam in enumerate(tm.cameras):
             if cam:
                 wanted[cam] = f"camera{slot}"
@@ -178,6 +188,13 @@ def _read_bag(path: Path, tm: TopicMap):
                 if not np.all(np.isfinite(vals)):
                     raise DataError(f"{where} position: NaN or inf in an executed action")
                 out.append((_ns(msg.header.stamp), kind, vals))
+            elif kind == "label":
+                rows = np.stack([_ordered(list(msg.joint_names), p.positions, tm.action_names,
+                                          f"{where} point {i}") for i, p in enumerate(msg.points)]) if msg.points \
+                    else None
+                if rows is None:
+                    raise DataError(f"{where}: an action label without points")
+                out.append((_ns(msg.header.stamp), kind, rows))
             elif kind == "instruction":
                 out.append((t_ns, kind, str(msg.data)))
             elif kind == "episode":
@@ -230,9 +247,10 @@ def load_episodes(bags, tm: TopicMap, image_size: int | None = None, only_succes
     for path in paths:
         events = _read_bag(path, tm)
         for ei, (t0, t1, meta) in enumerate(_episode_ranges(events, path)):
-            if only_success and meta and not meta.get("success", True):
-                continue
             ev = [e for e in events if t0 <= e[0] <= t1]
+            labelled = any(k == "label" for _, k, _ in ev)
+            if only_success and meta and not meta.get("success", True) and not labelled:
+                continue
             ep = _build_episode(ev, tm, f"{path}#{ei}", meta, image_size, resize_with_pad)
             if ep is None:
                 continue
@@ -264,10 +282,13 @@ def _build_episode(ev, tm: TopicMap, source: str, meta: dict, image_size, resize
     st_ns = np.array([t for t, _ in states])
     instr = [(t, v) for t, k, v in ev if k == "instruction"]
     texts: dict[int, list] = {}
+    labels: dict[int, np.ndarray] = {}
     for t, k, v in ev:
         if k == "text":
             texts.setdefault(t, []).append(v)
-    frames, masks, f_ns, f_state, f_instr, f_text = [], [], [], [], [], []
+        elif k == "label":
+            labels[t] = v
+    frames, masks, f_ns, f_state, f_instr, f_text, f_label = [], [], [], [], [], [], []
     for t, img in base:
         j = int(np.searchsorted(st_ns, t, side="right")) - 1
         if j < 0 or t - st_ns[j] > STATE_TOL_NS:
@@ -287,10 +308,24 @@ def _build_episode(ev, tm: TopicMap, source: str, meta: dict, image_size, resize
         k = max((i for i, (ti, _) in enumerate(instr) if ti <= t), default=None)
         f_instr.append(instr[k][1] if k is not None else (instr[0][1] if instr else ""))
         f_text.append(texts.get(t, []))
+        f_label.append(labels.get(t))
     if not frames:
         return None
+    lab, rows = None, None
+    if labels:
+        L = max(len(v) for v in labels.values())
+        A = acts[0][1].shape[0]
+        if any(v.shape[1] != A for v in labels.values()):
+            raise DataError(f"{source} {tm.labels}: action labels have {next(iter(labels.values())).shape[1]} "
+                            f"columns, the executed actions {A}")
+        lab = np.zeros((len(f_label), L, A), np.float32)
+        rows = np.zeros(len(f_label), np.int64)
+        for i, v in enumerate(f_label):
+            if v is not None:
+                lab[i, :len(v)], rows[i] = v, len(v)
     return Episode(source, np.stack(frames), np.array(masks), np.array(f_ns, np.int64), np.stack(f_state),
-                   f_instr, f_text, np.array([t for t, _ in acts], np.int64), np.stack([v for _, v in acts]), meta)
+                   f_instr, f_text, np.array([t for t, _ in acts], np.int64), np.stack([v for _, v in acts]), meta,
+                   lab, rows)
 
 
 def _nearest(frames: list, t: int):
