@@ -110,6 +110,10 @@ class Pipeline:
         except ActionSpaceError as exc:
             raise ConfigureError(str(exc)) from exc
         self.step_dt = 1.0 / s.control_rate_hz
+        # action column -> joint state entry of the same name (-1: none), for the step limit's anchor when the buffer
+        # knows no plan (after a start or activate): only by name, a positional guess could anchor to another joint
+        names = s.action_names if len(s.action_names) == self.action_dims else []
+        self._hold_index = np.array([s.state_names.index(n) if n in s.state_names else -1 for n in names], int)
         self.buffer = ChunkBuffer(self.step_dt, blend_steps=s.blend_steps, stale_behavior=s.stale_behavior,
                                   time_origin=s.chunk_time_origin, chunking=s.chunking,
                                   step_limit=self.space.limit_steps if self.space.max_step is not None else None)
@@ -193,8 +197,7 @@ class Pipeline:
             self.submit("subtask", inp.instruction)
         self._cycle_frame = (prim.capture_ns, frame_id)
         obs = Observation(images=images, state=state, prompt=inp.instruction, stamp=prim.capture_ns / 1e9)
-        if self._inject and self._inject[0] == "cycle_exception":
-            self._inject.popleft()
+        if self._injected("cycle_exception"):
             raise RuntimeError("injected fault (debug_fault_injection)")
         self._cycle_state = None if state is None else np.array(state, dtype=np.float32)
         kw = {}
@@ -250,8 +253,7 @@ class Pipeline:
         if it cannot be converted: only this slot is masked for this cycle."""
         name = SLOT_NAMES[slot]
         try:
-            if self._inject and self._inject[0] == f"image_exception:{slot}":
-                self._inject.popleft()
+            if self._injected(f"image_exception:{slot}"):
                 raise RuntimeError("injected image fault (debug_fault_injection)")
             return self._resize(image_to_rgb8(fr.msg))
         except Exception as exc:  # noqa: BLE001 - one bad camera must never stop the actions of the others
@@ -320,13 +322,21 @@ class Pipeline:
             self.requests.end(p.request_id, "conversation", p.text, event, detail)
 
     def inject(self, fault: str) -> None:
-        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way, or make the memory
+        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way (``cycle_exception``,
+        ``image_exception:<slot>``, ``chunk_nonfinite``: the engine's next chunk comes back as NaN), or make the memory
         database refuse every write (``memory_db_fail``) / work again (``memory_db_ok``)."""
         fault = fault.strip()
         if fault in ("memory_db_fail", "memory_db_ok"):
             self.memory.fail_writes(fault == "memory_db_fail")
             return
         self._inject.append(fault)
+
+    def _injected(self, fault: str) -> bool:
+        """Whether the oldest injected fault is ``fault`` (then it is consumed)."""
+        if self._inject and self._inject[0] == fault:
+            self._inject.popleft()
+            return True
+        return False
 
     # ---------------------------------------------------------------------------------------------- engine callbacks
     def _on_actions(self, res) -> None:
@@ -335,6 +345,8 @@ class Pipeline:
         if not cap_ns:
             cap_ns = int(round(res.stamp * 1e9))
         actions = np.asarray(res.actions, dtype=np.float32)
+        if self._injected("chunk_nonfinite"):
+            actions = np.full_like(actions, np.nan)
         if actions.ndim != 2 or not np.all(np.isfinite(actions)):
             self.report.event("chunk_invalid", f"engine returned an invalid chunk (shape {actions.shape}, finite "
                                                f"{bool(np.all(np.isfinite(actions)))}); dropped", level="error")
@@ -357,7 +369,7 @@ class Pipeline:
         info = self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index,
                                 capture_time=cap_ns / 1e9, ready_time=now_ns / 1e9, latency_ms=res.latency_ms,
                                 capture_ns=cap_ns, frame_id=frame_id,
-                                rtc_origin=None if snap is None else snap.origin)
+                                rtc_origin=None if snap is None else snap.origin, hold=self._hold_position())
         if info.step_limited_rows:
             self.report.count("actions_step_limited_rows", info.step_limited_rows)
             self.report.log("actions_step_limited", f"{info.step_limited_rows} action rows limited by "
@@ -373,6 +385,16 @@ class Pipeline:
         self.last_chunk_ns = now_ns
         self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id,
                                 self.buffer.view(now_ns / 1e9)))
+
+    def _hold_position(self) -> np.ndarray | None:
+        """[A] the newest joint state in action columns (NaN where no state joint has the column's name), or None:
+        what the robot executes now when the buffer has sent it no plan yet."""
+        joint = self.inputs.newest_joint()
+        if joint is None or not (self._hold_index >= 0).any():
+            return None
+        pos = np.asarray(joint.position, dtype=np.float64)
+        ok = (self._hold_index >= 0) & (self._hold_index < len(pos))
+        return np.where(ok, pos[np.where(ok, self._hold_index, 0)], np.nan)
 
     def _on_token(self, ev) -> None:
         self.token_meter.tick()
