@@ -26,10 +26,12 @@ executed action, flagged ``held``.  How a new chunk takes over from the previous
 
 Whatever the mode, the result is fixed at arrival, so all later samples are consistent; with a ``step_limit``
 (``ActionSpace.limit_steps``) the rows from ``index_at(ready_time)`` on are then limited step by step starting from
-the last executed action and, while the previous chunk is still running, anchored to the previous plan around the
-new chunk's first due time (``_limit_references``), so the per-step change limit also holds across chunk switches -
-for the ``action_chunk`` stream and for a joint_trajectory_controller, which switches to a new trajectory at its stamp
-and interpolates between points.  The buffer never decides
+the last executed action and anchored to what the robot executes around the new chunk's first due time
+(``_limit_references``): the previous plans, each held at its end once used up, so the per-step change limit holds
+across chunk switches and after any gap (no chunk for a while, dropped chunks, stale inputs, ``clear`` on activate)
+alike - for the ``action_chunk`` stream and for a joint_trajectory_controller, which switches to a new trajectory at
+its stamp and interpolates between points; a buffer that has sent nothing yet (a new node) anchors to ``hold``, the
+robot's joint state.  The buffer never decides
 staleness of observations itself: the node stops feeding it chunks from frames older than
 ``max_observation_age_s``; ``observation_age(now)`` reports the age of the newest chunk's frame.
 """

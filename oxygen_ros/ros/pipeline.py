@@ -16,15 +16,16 @@ before any language work), ``_on_token`` and ``_on_finished``.  Actions on their
 (``ros/action_space.py``): masked columns of ``delta_action_mask`` get the joint state of this cycle's
 ``Observation`` added (the state the model saw, taken with the frame), then ``action_limits_*`` clip (clipped rows
 counted: ``actions_clipped_rows``) and the buffer applies ``action_max_step_change`` to the rows that will be executed
-(``actions_step_limited_rows``).  With ``chunking: rtc`` each cycle first takes the buffer's ``snapshot`` (what the
-robot executes from now on, converted back to the engine's output space relative to the NEW observation's state) and
-passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is ``rtc_delay_steps`` or, when 0, the p90 of the recent
-snapshot -> chunk-ready latencies in control steps (rounded up), and ``s`` is ``rtc_execution_horizon`` or, when 0,
-the p50 interval between chunks in control steps; the chunk is installed on the snapshot's time origin (see
-``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as before.  A failing cycle is counted, logged
-and skipped; the pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
-back.  ``sample(now_ns)`` is what the control loop publishes; ``submit`` / ``cancel`` (thread-safe) serve the action
-server too.
+(``actions_step_limited_rows``), ramping from what the robot executes - the plans sent before, or, when nothing was sent
+yet (a new node), the newest joint state matched to the action columns by name.  With ``chunking: rtc`` each cycle first
+takes the buffer's ``snapshot`` (what the robot executes from now on, converted back to the engine's output space
+relative to the NEW observation's state) and passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is
+``rtc_delay_steps`` or, when 0, the p90 of the recent snapshot -> chunk-ready latencies in control steps (rounded up),
+and ``s`` is ``rtc_execution_horizon`` or, when 0, the p50 interval between chunks in control steps; the chunk is
+installed on the snapshot's time origin (see ``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as
+before.  A failing cycle is counted, logged and skipped; the pipeline keeps serving.  ``watch(now_ns)`` (also called
+while no frame arrives) logs inputs that went silent or came back.  ``sample(now_ns)`` is what the control loop
+publishes; ``submit`` / ``cancel`` (thread-safe) serve the action server too.
 """
 from __future__ import annotations
 
@@ -415,7 +416,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def reset_io(self) -> None:
-        """Forget received inputs and the current chunk (on activate)."""
+        """Forget received inputs and the current chunk (on activate); what was sent stays known to the step limit
+        (the controller holds the last trajectory's end while the node is inactive)."""
         self.inputs.clear()
         self.buffer.clear()
         now = self.clock_ns()
