@@ -122,6 +122,14 @@ def test_step_limit_untouched_when_within_and_first_row_free_without_prev():
     assert n == 3
 
 
+def test_step_limit_leaves_a_column_with_an_unknown_position_free():
+    """A NaN in prev or an anchor (a column no joint state names) binds nothing; the other columns still are."""
+    sp = ActionSpace.build(2, max_step_change=[0.1])
+    rows = np.array([[1.0, 5.0], [1.0, 5.0]], np.float32)
+    out, _ = sp.limit_steps(rows, prev=[0.0, np.nan], anchors=((1, np.array([0.0, np.nan])),))
+    np.testing.assert_allclose(out, [[0.1, 5.0], [0.1, 5.0]], atol=1e-6)      # row 1 anchored to 0 in column 0
+
+
 def test_step_limit_all_zero_is_off():
     assert ActionSpace.build(3, max_step_change=[0.0]).max_step is None
 

@@ -136,6 +136,39 @@ def test_step_limit_holds_across_the_switch():
     assert np.all(np.abs(np.diff(stream)) <= 0.5 + 1e-6)
 
 
+@pytest.mark.parametrize("gap", ["used_up", "clear"])
+def test_after_a_gap_the_next_chunk_ramps_from_the_held_end(gap):
+    """Issue 28: chunk 1 is used up (no chunk for a while: a stale input, dropped chunks) or the node is deactivated
+    and activated (``clear``); the robot holds chunk 1's end (0.0).  Chunk 2 (10.0) ramps from there: the
+    action_chunk rows and the trajectory view alike, the first step repeated once (a controller switching at any
+    moment of the slot never steps more than the limit); a hold position given with it is not used (the buffer knows
+    what it sent)."""
+    sp = ActionSpace.build(1, max_step_change=[0.5])
+    buf = ChunkBuffer(DT, step_limit=sp.limit_steps)
+    buf.push(np.zeros((4, 1), np.float32), chunk_id=1, frame_index=1, capture_time=0.0, ready_time=0.0)
+    assert [buf.sample(i * DT + 0.01).actions[0, 0] for i in range(4)] == [0.0] * 4
+    assert buf.sample(0.45) is None                          # used up: the consumer holds 0.0
+    if gap == "clear":
+        buf.clear()
+        assert buf.sample(0.5) is None and buf.view(0.5) is None
+    info = buf.push(np.full((H, 1), 10.0, np.float32), chunk_id=2, frame_index=2, capture_time=1.0, ready_time=1.0,
+                    hold=np.array([7.0]))
+    assert info.step_limited_rows == H
+    ramp = [0.5, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
+    np.testing.assert_allclose(buf.view(1.0).rows[:, 0], ramp)
+    np.testing.assert_allclose([buf.sample(1.0 + i * DT + 0.01).actions[0, 0] for i in range(H)], ramp)
+
+
+def test_a_new_buffer_ramps_from_the_robots_position():
+    """A node (re)started knows no plan: the first chunk ramps from ``hold`` (the newest joint state in action
+    columns); a NaN column (no joint state names it) is free; without ``hold`` the first chunk is not anchored."""
+    sp = ActionSpace.build(2, max_step_change=[0.5])
+    buf = ChunkBuffer(DT, step_limit=sp.limit_steps)
+    buf.push(np.full((4, 2), 3.0, np.float32), chunk_id=1, frame_index=1, capture_time=0.0, ready_time=0.0,
+             hold=np.array([1.0, np.nan]))
+    np.testing.assert_allclose(buf.view(0.0).rows, [[1.5, 3.0], [1.5, 3.0], [2.0, 3.0], [2.5, 3.0]])
+
+
 def test_first_chunk_is_not_step_limited():
     sp = ActionSpace.build(1, max_step_change=[0.5])
     buf = ChunkBuffer(DT, step_limit=sp.limit_steps)

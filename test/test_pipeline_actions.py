@@ -97,6 +97,23 @@ def test_step_limit_in_the_pipeline_bounds_the_executed_stream():
     assert h.count("actions_step_limited_rows") > 0
 
 
+def test_the_first_chunk_ramps_from_the_joint_state_matched_by_name():
+    """A new pipeline (node start / restart) anchors its first chunk to the newest joint state, each action column to
+    the state joint of the same name (the state is listed in another order here); a column no state joint names is
+    not anchored."""
+    names = list(JOINT_NAMES)
+    state_names = names[::-1][:-1]                         # reversed, and without the first action column
+    h = Harness(seed=1, action_max_step_change=[0.01], state_joint_names=state_names)
+    pos = [5.0 + i for i in range(len(state_names))]
+    h.feed(joints=False)
+    h.pl.inputs.on_joint_state(Joints(state_names, pos), h.now)
+    assert h.step() == ("ran", 1)
+    first = h.out.chunks[-1].view.rows[0]
+    want = np.array([pos[state_names.index(n)] if n in state_names else np.nan for n in names])
+    assert np.all(np.abs(first[1:] - want[1:]) <= 0.01 + 1e-6), first - want
+    assert abs(first[0]) < 1.0                             # column 0: the model's own value (no anchor)
+
+
 def test_rtc_request_is_the_buffered_plan_relative_to_the_new_state():
     h = Harness(seed=2, chunking="blend", delta_action_mask=ALOHA_MASK)
     _run(h, 1)

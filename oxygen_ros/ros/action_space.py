@@ -137,7 +137,8 @@ class ActionSpace:
     def limit_steps(self, rows, prev=None, anchors=()) -> tuple[np.ndarray, int]:
         """Rows with each step from the previous row (``prev`` before row 0) bounded by ``max_step``; the number of
         rows changed.  ``anchors``: (row index, reference) pairs - row ``i`` is also kept within ``max_step`` of each
-        of its references, as far as that is compatible with the step from the previous row (which always holds)."""
+        of its references, as far as that is compatible with the step from the previous row (which always holds).
+        A NaN in ``prev`` or a reference leaves that column unbound by it (an unknown position)."""
         a = np.asarray(rows, dtype=np.float32)
         if self.max_step is None or len(a) == 0:
             return a, 0
@@ -149,14 +150,15 @@ class ActionSpace:
         changed = 0
         L = self.max_step
         for i in range(len(out)):
-            lo = np.full(self.dims, -np.inf) if last is None else last - L
-            hi = np.full(self.dims, np.inf) if last is None else last + L
+            lo = np.full(self.dims, -np.inf) if last is None else np.where(np.isnan(last), -np.inf, last - L)
+            hi = np.full(self.dims, np.inf) if last is None else np.where(np.isnan(last), np.inf, last + L)
             for ref in extra.get(i, []):          # narrowed to each anchor's window while it overlaps; where one
-                nlo, nhi = np.maximum(lo, ref - L), np.minimum(hi, ref + L)   # does not, the point of the window
-                below, above = ref + L < lo, ref - L > hi                       # nearest to it (the step from the
-                nlo = np.where(below, lo, np.where(above, hi, nlo))            # previous row always holds)
+                known = ~np.isnan(ref)            # does not, the point of the window nearest to it (the step from
+                nlo, nhi = np.maximum(lo, ref - L), np.minimum(hi, ref + L)     # the previous row always holds)
+                below, above = ref + L < lo, ref - L > hi
+                nlo = np.where(below, lo, np.where(above, hi, nlo))
                 nhi = np.where(below, lo, np.where(above, hi, nhi))
-                lo, hi = nlo, nhi
+                lo, hi = np.where(known, nlo, lo), np.where(known, nhi, hi)
             row = np.clip(out[i], lo, hi)
             if np.any(row != out[i]):
                 changed += 1

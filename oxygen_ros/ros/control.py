@@ -26,10 +26,12 @@ executed action, flagged ``held``.  How a new chunk takes over from the previous
 
 Whatever the mode, the result is fixed at arrival, so all later samples are consistent; with a ``step_limit``
 (``ActionSpace.limit_steps``) the rows from ``index_at(ready_time)`` on are then limited step by step starting from
-the last executed action and, while the previous chunk is still running, anchored to the previous plan around the
-new chunk's first due time (``_limit_references``), so the per-step change limit also holds across chunk switches -
-for the ``action_chunk`` stream and for a joint_trajectory_controller, which switches to a new trajectory at its stamp
-and interpolates between points.  The buffer never decides
+the last executed action and anchored to what the robot executes around the new chunk's first due time
+(``_limit_references``): the previous plans, each held at its end once used up, so the per-step change limit holds
+across chunk switches and after any gap (no chunk for a while, dropped chunks, stale inputs, ``clear`` on activate)
+alike - for the ``action_chunk`` stream and for a joint_trajectory_controller, which switches to a new trajectory at
+its stamp and interpolates between points; a buffer that has sent nothing yet (a new node) anchors to ``hold``, the
+robot's joint state.  The buffer never decides
 staleness of observations itself: the node stops feeding it chunks from frames older than
 ``max_observation_age_s``; ``observation_age(now)`` reports the age of the newest chunk's frame.
 """
@@ -157,7 +159,7 @@ class ChunkBuffer:
         u = x - j
         return (1 - u) * ch.actions[j].astype(np.float64) + u * ch.actions[j + 1].astype(np.float64)
 
-    def _limit_references(self, old: _Chunk | None, t0: float, t_switch: float):
+    def _limit_references(self, old: _Chunk | None, t0: float, t_switch: float, hold=None):
         """What a new chunk whose first executed row is due at ``t0`` must stay within the step limit of, so that
         the executed command changes by at most the limit per control step whichever consumer executes it: the
         ``action_chunk`` stream (``prev``: the action executed last) and a joint_trajectory_controller, which
@@ -167,12 +169,20 @@ class ChunkBuffer:
         [t0 - step_dt, t_switch]; both are piecewise linear, so it suffices to bound the difference at the
         breakpoints s (t0 - step_dt, t0, t_switch, the executed plans' row times and switches, both sides of a
         switch): at each, the new rows around s + step_dt are anchored to what was executed at s. Row 0 is also kept
-        within the limit of the previous plan at t0 itself (what the robot was doing at the switch). Returns (prev,
-        anchors) for ``ActionSpace.limit_steps``."""
-        if old is None or self._index_at(old, t0) >= len(old.actions):
-            return self._last_action, ()
+        within the limit of the previous plan at t0 itself (what the robot was doing at the switch).
+        One rule whatever came before: the executed plans are the previous chunks, each held at its last row once
+        used up (after any gap - no new chunk, dropped chunks, stale inputs, ``clear`` on a deactivate / activate -
+        the robot holds that end, so the new chunk ramps away from it), or, when the buffer knows no plan (its first
+        chunk: a new node), ``hold``: what the robot executes now (the newest joint state in action columns, NaN =
+        unknown column), held forever; with neither the first chunk is not anchored. Returns (prev, anchors) for
+        ``ActionSpace.limit_steps``."""
+        chunks = [*self._recent, *([old] if old is not None else [])]
+        if not chunks:
+            if hold is None:
+                return self._last_action, ()
+            h = np.asarray(hold, dtype=np.float32).reshape(1, -1)
+            chunks = [_Chunk(h, -1, -1, t0, t0, t0, 0.0, start=-math.inf)]     # the robot holding ``hold``
         dt = self.step_dt
-        chunks = [c for c in [*self._recent, old]]
         breaks = [t0 - dt, t0, t_switch]
         for c in chunks:                              # the executed plans' own row times in the window
             j0 = math.floor((t0 - dt - c.origin) / dt)
@@ -205,9 +215,10 @@ class ChunkBuffer:
 
     def push(self, actions, *, chunk_id: int, frame_index: int, capture_time: float, ready_time: float,
              latency_ms: float = 0.0, capture_ns: int | None = None, frame_id: str = "",
-             rtc_origin: float | None = None) -> PushInfo:
+             rtc_origin: float | None = None, hold=None) -> PushInfo:
         """Install a new chunk; ``rtc_origin``: the origin of the ``snapshot`` taken before inferring it (used with
-        ``chunking="rtc"``; ignored otherwise)."""
+        ``chunking="rtc"``; ignored otherwise); ``hold``: [A] what the robot executes now, used by the step limit
+        only when the buffer knows no plan of its own (see ``_limit_references``)."""
         a = np.asarray(actions, dtype=np.float32)
         if a.ndim != 2 or a.shape[0] == 0:
             raise ValueError(f"actions must be [H, A] with H > 0, got {a.shape}")
@@ -242,7 +253,8 @@ class ChunkBuffer:
                     blended = n
             if self.step_limit is not None and not expired:
                 prev, anchors = self._limit_references(old, new.origin + k_new * self.step_dt,
-                                                       max(new.origin + k_new * self.step_dt, float(ready_time)))
+                                                       max(new.origin + k_new * self.step_dt, float(ready_time)),
+                                                       hold)
                 rows, limited = self.step_limit(new.actions[k_new:], prev, anchors)
                 new.actions[k_new:] = rows
                 self.step_limited_rows += limited
@@ -294,8 +306,12 @@ class ChunkBuffer:
             return 0 if ch is None else max(0, len(ch.actions) - self._index_at(ch, now))
 
     def clear(self) -> None:
+        """Forget the current chunk (nothing more is sampled, viewed or snapshot) and the last sampled action.  What
+        was sent stays known to the step limit: a joint_trajectory_controller runs the last trajectory to its end and
+        holds it, so the next chunk still ramps from there (``_limit_references``)."""
         with self._lock:
+            if self._chunk is not None:
+                self._recent.append(self._chunk)
             self._chunk = None
-            self._recent.clear()
             self._last_action = None
             self._last_sample = None

@@ -15,6 +15,9 @@ episode does not depend on the ones before it.  ``LanguageLoad`` asks scene ques
 path and memory requests every ``memory_every_s`` (the node's ``memory_interval_s``); ``language_log`` lists every
 answer and memory entry with the capture time of the frame it read, for scoring against the ground truth.
 The scripted expert enters through the same ``engine_factory`` slot as a model (``sim.expert.ExpertEngine``).
+``faults``: ``Fault`` windows of sim time in which one input or the engine goes wrong the way it would on a robot (a
+camera or ``joint_states`` silent, the engine returning NaN chunks: the pipeline's ``chunk_nonfinite`` injection,
+the node deactivated and activated again), for the closed-loop fault tests.
 Sim time t (episode seconds) maps to clock ``EPOCH_NS + t`` so no stamp is zero.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from .language import ChunkOut, MemoryOut, ResponseOut, TokenOut
 from .parameters import ConfigureError, Settings, load_params_file, package_config
 from .sim_io import camera_msg, joint_state_msg, trajectory_from_msg
 
-__all__ = ["EPOCH_NS", "LanguageLoad", "PipelinePolicy", "sim_settings", "default_sim_params"]
+__all__ = ["EPOCH_NS", "Fault", "LanguageLoad", "PipelinePolicy", "sim_settings", "default_sim_params"]
 
 EPOCH_NS = 1_000_000_000_000          # episode time 0 = 1000 s on the pipeline's clock
 
@@ -87,6 +90,27 @@ class LanguageLoad:
         q = f"q/{self.question_every_s:g}s" if self.question_every_s > 0 else ""
         m = f"mem/{self.memory_every_s:g}s" if self.memory_every_s > 0 else ""
         return "+".join(x for x in (q, m) if x)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault during the sim-time window [start_s, end_s) of an episode.  ``kind``: ``camera`` (the primary camera's
+    frames captured in the window never arrive), ``joint_states`` (no joint state arrives), ``engine_nonfinite``
+    (every chunk of a cycle started in the window comes back non-finite: ``Pipeline.inject("chunk_nonfinite")``),
+    ``inactive`` (the node deactivated: no input taken, no cycle run, nothing published; at the first cycle after
+    the window it is activated again: ``Pipeline.reset_io``, as ``on_activate`` does)."""
+    kind: str
+    start_s: float
+    end_s: float
+
+    KINDS = ("camera", "joint_states", "engine_nonfinite", "inactive")
+
+    def __post_init__(self):
+        if self.kind not in self.KINDS:
+            raise ValueError(f"fault kind must be one of {self.KINDS}, got {self.kind!r}")
+
+    def covers(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
 
 
 class _Clock:
@@ -153,7 +177,7 @@ class PipelinePolicy:
     model (``settings`` should then have absolute actions: ``delta_action_mask: []``), planning ``horizon`` rows."""
 
     def __init__(self, settings: Settings, *, expert: bool = False, expert_noise: float = 0.0,
-                 horizon: int | None = None, language: LanguageLoad = LanguageLoad(), logger=None):
+                 horizon: int | None = None, language: LanguageLoad = LanguageLoad(), faults=(), logger=None):
         if settings.control_rate_hz != 1.0 / CONTROL_DT:
             raise ConfigureError(f"control_rate_hz must be the simulation's {1.0 / CONTROL_DT:g} Hz, got "
                                  f"{settings.control_rate_hz:g}")
@@ -167,6 +191,7 @@ class PipelinePolicy:
         self.expert_noise = float(expert_noise)
         self._expert_horizon = int(horizon or settings.horizon or 20)
         self.language = language
+        self.faults = tuple(faults)
         self.logger = logger or logging.getLogger("oxygen.lockstep")
         self._factory = _ReusingFactory()
         self.pipeline = None
@@ -193,6 +218,7 @@ class PipelinePolicy:
         self._next_question = 0.0 if self.language.question_every_s > 0 else None
         self._question_i = 0
         self._instruction_sent = False
+        self._inactive = False
         factory = self._expert_factory if self.expert else self._factory
         # memory requests only as the language load asks (the node's memory_interval_s, on sim time)
         settings = self.settings.replace(memory_interval_s=float(self.language.memory_every_s))
@@ -223,14 +249,26 @@ class PipelinePolicy:
         cap = EPOCH_NS + int(round(obs.t * 1e9))
         self.clock.ns = now
         self._ready_ns = EPOCH_NS + int(round(ready_t * 1e9))
+        t = (now - EPOCH_NS) / 1e9
+        down = {f.kind for f in self.faults if f.covers(t)}
+        if "inactive" in down:               # deactivated: no subscription, no cycle, nothing published
+            self._inactive = True
+            return []
+        if self._inactive:                   # activated again
+            self._inactive = False
+            p.reset_io()
         for slot, (cam, img) in enumerate(zip(CAMERAS, obs.images)):
             if slot < len(self.settings.slot_topics) and self.settings.slot_topics[slot]:
-                p.inputs.on_image(slot, camera_msg(img, cap, cam), now)
-        p.inputs.on_joint_state(joint_state_msg(JOINTS, obs.state, now), now)
+                if not (slot == p.inputs.primary_slot and any(f.kind == "camera" and f.covers(obs.t)
+                                                              for f in self.faults)):
+                    p.inputs.on_image(slot, camera_msg(img, cap, cam), now)
+        if "joint_states" not in down:
+            p.inputs.on_joint_state(joint_state_msg(JOINTS, obs.state, now), now)
+        if "engine_nonfinite" in down:
+            p.inject("chunk_nonfinite")
         if not self._instruction_sent:
             p.inputs.on_instruction(obs.instruction)
             self._instruction_sent = True
-        t = (now - EPOCH_NS) / 1e9
         while self._next_question is not None and self._next_question <= t + 1e-9:
             qs = self.language.questions
             p.inputs.on_prompt(qs[self._question_i % len(qs)], now)

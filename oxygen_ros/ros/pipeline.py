@@ -16,15 +16,16 @@ before any language work), ``_on_token`` and ``_on_finished``.  Actions on their
 (``ros/action_space.py``): masked columns of ``delta_action_mask`` get the joint state of this cycle's
 ``Observation`` added (the state the model saw, taken with the frame), then ``action_limits_*`` clip (clipped rows
 counted: ``actions_clipped_rows``) and the buffer applies ``action_max_step_change`` to the rows that will be executed
-(``actions_step_limited_rows``).  With ``chunking: rtc`` each cycle first takes the buffer's ``snapshot`` (what the
-robot executes from now on, converted back to the engine's output space relative to the NEW observation's state) and
-passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is ``rtc_delay_steps`` or, when 0, the p90 of the recent
-snapshot -> chunk-ready latencies in control steps (rounded up), and ``s`` is ``rtc_execution_horizon`` or, when 0,
-the p50 interval between chunks in control steps; the chunk is installed on the snapshot's time origin (see
-``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as before.  A failing cycle is counted, logged
-and skipped; the pipeline keeps serving.  ``watch(now_ns)`` (also called while no frame arrives) logs inputs that went silent or came
-back.  ``sample(now_ns)`` is what the control loop publishes; ``submit`` / ``cancel`` (thread-safe) serve the action
-server too.
+(``actions_step_limited_rows``), ramping from what the robot executes - the plans sent before, or, when nothing was sent
+yet (a new node), the newest joint state matched to the action columns by name.  With ``chunking: rtc`` each cycle first
+takes the buffer's ``snapshot`` (what the robot executes from now on, converted back to the engine's output space
+relative to the NEW observation's state) and passes ``engine.cycle(obs, rtc=RTCRequest(...))``; ``d`` is
+``rtc_delay_steps`` or, when 0, the p90 of the recent snapshot -> chunk-ready latencies in control steps (rounded up),
+and ``s`` is ``rtc_execution_horizon`` or, when 0, the p50 interval between chunks in control steps; the chunk is
+installed on the snapshot's time origin (see ``ros/control.py``).  Other modes call ``engine.cycle(obs)`` exactly as
+before.  A failing cycle is counted, logged and skipped; the pipeline keeps serving.  ``watch(now_ns)`` (also called
+while no frame arrives) logs inputs that went silent or came back.  ``sample(now_ns)`` is what the control loop
+publishes; ``submit`` / ``cancel`` (thread-safe) serve the action server too.
 """
 from __future__ import annotations
 
@@ -110,6 +111,10 @@ class Pipeline:
         except ActionSpaceError as exc:
             raise ConfigureError(str(exc)) from exc
         self.step_dt = 1.0 / s.control_rate_hz
+        # action column -> joint state entry of the same name (-1: none), for the step limit's anchor when the buffer
+        # knows no plan (after a start or activate): only by name, a positional guess could anchor to another joint
+        names = s.action_names if len(s.action_names) == self.action_dims else []
+        self._hold_index = np.array([s.state_names.index(n) if n in s.state_names else -1 for n in names], int)
         self.buffer = ChunkBuffer(self.step_dt, blend_steps=s.blend_steps, stale_behavior=s.stale_behavior,
                                   time_origin=s.chunk_time_origin, chunking=s.chunking,
                                   step_limit=self.space.limit_steps if self.space.max_step is not None else None)
@@ -193,8 +198,7 @@ class Pipeline:
             self.submit("subtask", inp.instruction)
         self._cycle_frame = (prim.capture_ns, frame_id)
         obs = Observation(images=images, state=state, prompt=inp.instruction, stamp=prim.capture_ns / 1e9)
-        if self._inject and self._inject[0] == "cycle_exception":
-            self._inject.popleft()
+        if self._injected("cycle_exception"):
             raise RuntimeError("injected fault (debug_fault_injection)")
         self._cycle_state = None if state is None else np.array(state, dtype=np.float32)
         kw = {}
@@ -250,8 +254,7 @@ class Pipeline:
         if it cannot be converted: only this slot is masked for this cycle."""
         name = SLOT_NAMES[slot]
         try:
-            if self._inject and self._inject[0] == f"image_exception:{slot}":
-                self._inject.popleft()
+            if self._injected(f"image_exception:{slot}"):
                 raise RuntimeError("injected image fault (debug_fault_injection)")
             return self._resize(image_to_rgb8(fr.msg))
         except Exception as exc:  # noqa: BLE001 - one bad camera must never stop the actions of the others
@@ -320,13 +323,21 @@ class Pipeline:
             self.requests.end(p.request_id, "conversation", p.text, event, detail)
 
     def inject(self, fault: str) -> None:
-        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way, or make the memory
+        """Tests only (``debug_fault_injection``): make the next cycle fail in a named way (``cycle_exception``,
+        ``image_exception:<slot>``, ``chunk_nonfinite``: the engine's next chunk comes back as NaN), or make the memory
         database refuse every write (``memory_db_fail``) / work again (``memory_db_ok``)."""
         fault = fault.strip()
         if fault in ("memory_db_fail", "memory_db_ok"):
             self.memory.fail_writes(fault == "memory_db_fail")
             return
         self._inject.append(fault)
+
+    def _injected(self, fault: str) -> bool:
+        """Whether the oldest injected fault is ``fault`` (then it is consumed)."""
+        if self._inject and self._inject[0] == fault:
+            self._inject.popleft()
+            return True
+        return False
 
     # ---------------------------------------------------------------------------------------------- engine callbacks
     def _on_actions(self, res) -> None:
@@ -335,6 +346,8 @@ class Pipeline:
         if not cap_ns:
             cap_ns = int(round(res.stamp * 1e9))
         actions = np.asarray(res.actions, dtype=np.float32)
+        if self._injected("chunk_nonfinite"):
+            actions = np.full_like(actions, np.nan)
         if actions.ndim != 2 or not np.all(np.isfinite(actions)):
             self.report.event("chunk_invalid", f"engine returned an invalid chunk (shape {actions.shape}, finite "
                                                f"{bool(np.all(np.isfinite(actions)))}); dropped", level="error")
@@ -357,7 +370,7 @@ class Pipeline:
         info = self.buffer.push(actions, chunk_id=res.chunk_id, frame_index=res.frame_index,
                                 capture_time=cap_ns / 1e9, ready_time=now_ns / 1e9, latency_ms=res.latency_ms,
                                 capture_ns=cap_ns, frame_id=frame_id,
-                                rtc_origin=None if snap is None else snap.origin)
+                                rtc_origin=None if snap is None else snap.origin, hold=self._hold_position())
         if info.step_limited_rows:
             self.report.count("actions_step_limited_rows", info.step_limited_rows)
             self.report.log("actions_step_limited", f"{info.step_limited_rows} action rows limited by "
@@ -373,6 +386,16 @@ class Pipeline:
         self.last_chunk_ns = now_ns
         self.out.chunk(ChunkOut(res.frame_index, res.chunk_id, actions, cap_ns, now_ns, res.latency_ms, frame_id,
                                 self.buffer.view(now_ns / 1e9)))
+
+    def _hold_position(self) -> np.ndarray | None:
+        """[A] the newest joint state in action columns (NaN where no state joint has the column's name), or None:
+        what the robot executes now when the buffer has sent it no plan yet."""
+        joint = self.inputs.newest_joint()
+        if joint is None or not (self._hold_index >= 0).any():
+            return None
+        pos = np.asarray(joint.position, dtype=np.float64)
+        ok = (self._hold_index >= 0) & (self._hold_index < len(pos))
+        return np.where(ok, pos[np.where(ok, self._hold_index, 0)], np.nan)
 
     def _on_token(self, ev) -> None:
         self.token_meter.tick()
@@ -393,7 +416,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def reset_io(self) -> None:
-        """Forget received inputs and the current chunk (on activate)."""
+        """Forget received inputs and the current chunk (on activate); what was sent stays known to the step limit
+        (the controller holds the last trajectory's end while the node is inactive)."""
         self.inputs.clear()
         self.buffer.clear()
         now = self.clock_ns()
