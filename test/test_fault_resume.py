@@ -25,8 +25,8 @@ from oxygen_ros.sim.tasks import draw_task  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 KINDS = ["camera", "joint_states", "engine_nonfinite", "inactive"]
-WINDOW = {"reach": (1.0, 2.0), "pick": (1.0, 2.0)}     # the approach, before the grasp (the time-based expert's
-                                                       # plan goes on while the robot holds)
+WINDOW = {"reach": (0.4, 1.4), "pick": (0.4, 1.4)}     # during the approach, well before the task ends (the
+                                                       # state-driven expert reaches the cube in ~1-2 s)
 EPS = 1e-6                                             # float32 rows
 
 
