@@ -131,24 +131,38 @@ def test_pick_needs_a_held_cube_five_cm_up_for_half_a_second(sim):
     assert not run(0.04, 1.0, held=False)                   # not high enough
 
 
-def test_transfer_success_is_gym_alohas_reward_four(sim):
+def test_transfer_success_is_the_left_gripper_alone_holding_it_and_gym_alohas_reward_four_is_kept(sim):
     spec = draw_task("transfer", 1)
     i = spec.target_index
-    sim.reset(spec.scene)
-    mon = TaskMonitor(sim, spec)
-    mon.update()
-    assert mon.reward == 0
     mid = np.array([0.0, 0.5, 0.25])
-    _pose_gripper_at(sim, "left", mid, 0.0)
-    _set_cube(sim, i, mid)                                  # held by the left fingers, in the air
-    assert mon.update() and mon.reward == 4
+
+    def hold(seconds, right_too=False):
+        sim.reset(spec.scene)
+        mon = TaskMonitor(sim, spec)
+        mon.update()
+        assert mon.reward == 0 and not mon.gym_success
+        _pose_gripper_at(sim, "left", mid, 0.0)
+        if right_too:                                       # the right gripper's fingers still on it
+            _pose_gripper_at(sim, "right", mid + np.array([0.0, 0.0, 0.01]), 0.0)
+        for _ in range(int(round(seconds / 0.02))):
+            _set_cube(sim, i, mid)                          # held by the left fingers, in the air
+            sim.steps += 1
+            mon.update()
+        return mon
+
+    mon = hold(0.1)
+    assert mon.reward == 4 and mon.gym_success and not mon.success      # gym-aloha's fires at once; strict waits
+    mon = hold(0.6)
+    assert mon.success and mon.gym_success and mon.success_time > mon.gym_success_time
+    mon = hold(0.6, right_too=True)
+    assert mon.gym_success and not mon.success                          # not alone: a hand-over still in progress
     sim.reset(spec.scene)
     mon = TaskMonitor(sim, spec)
     c = sim.cube_pos(i)
     _set_cube(sim, i, (c[0], c[1], CUBE_HALF - 1e-3))          # resting on the table (as physics leaves it)
     _pose_gripper_at(sim, "left", c, 0.0)                     # touching it, but the cube is on the table
     mon.update()
-    assert mon.reward == 3 and not mon.success
+    assert mon.reward == 3 and not mon.success and not mon.gym_success
 
 
 # ---------------------------------------------------------------------------------------------------- texts
