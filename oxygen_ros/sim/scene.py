@@ -249,6 +249,19 @@ class AlohaScene:
             out.append(self._renderer.render().copy())
         return out
 
+    def project(self, point, camera: str = "top") -> tuple[float, float, bool]:
+        """(u, v, in_view): the pixel where world ``point`` appears in ``camera``'s image at ``camera_size``
+        (u = column, v = row, from the top-left corner; the pinhole model MuJoCo renders with)."""
+        m, d = self.model, self.data
+        cid = m.camera(camera).id
+        h, w = self.camera_size
+        rel = d.cam_xmat[cid].reshape(3, 3).T @ (np.asarray(point, dtype=np.float64) - d.cam_xpos[cid])
+        if rel[2] >= -1e-9:                                  # behind the camera (it looks along its -z axis)
+            return float("nan"), float("nan"), False
+        f = 0.5 * h / np.tan(np.deg2rad(m.cam_fovy[cid]) / 2)
+        u, v = w / 2 + f * rel[0] / -rel[2], h / 2 - f * rel[1] / -rel[2]
+        return float(u), float(v), bool(0 <= u < w and 0 <= v < h)
+
     def close(self) -> None:
         if self._renderer is not None:
             self._renderer.close()

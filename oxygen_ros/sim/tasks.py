@@ -28,7 +28,8 @@ import numpy as np
 from .scene import COLOURS, CUBE_HALF, MAX_CUBES, AlohaScene, Cube, SceneSpec
 
 __all__ = ["TASKS", "TIME_LIMIT_S", "QUESTIONS", "MEMORY_PROMPT", "TaskSpec", "draw_task", "TaskMonitor",
-           "scene_facts", "scene_answers", "memory_text", "number_word"]
+           "scene_facts", "scene_answers", "memory_text", "number_word", "LOCATE_GRID", "locate_question",
+           "cube_locations"]
 
 TASKS = ("reach", "pick", "transfer")
 TIME_LIMIT_S = {"reach": 4.0, "pick": 6.0, "transfer": 8.0}
@@ -149,6 +150,27 @@ def scene_answers(sim: AlohaScene, facts: SceneFacts | None = None) -> dict:
             QUESTIONS[1]: f.nearest["left"],
             QUESTIONS[2]: f.nearest["right"],
             QUESTIONS[3]: f"the {holding[0]} cube" if holding else "none"}
+
+
+LOCATE_GRID = 8                   # the top camera's image as 8 x 8 cells for "where is ..." answers
+
+
+def locate_question(colour: str) -> str:
+    return f"Where is the {colour} cube?"
+
+
+def cube_locations(sim: AlohaScene) -> dict:
+    """question -> answer for every cube of the scene: the cell of the top camera's image its centre is in,
+    "row R column C" (1..LOCATE_GRID, from the top-left), or "not in view".  Training-only text targets (what
+    grounding the cubes in the image means, said in words, as pi0.5 co-trains on localisation); not part of
+    ``QUESTIONS``, so never scored."""
+    h, w = sim.camera_size
+    out = {}
+    for i, c in enumerate(sim.spec.cubes):
+        u, v, seen = sim.project(sim.cube_pos(i), "top")
+        out[locate_question(c.colour)] = (f"row {int(v * LOCATE_GRID / h) + 1} column {int(u * LOCATE_GRID / w) + 1}"
+                                          if seen else "not in view")
+    return out
 
 
 def _listing(colours) -> str:

@@ -12,7 +12,8 @@ resolution (``sensor_msgs/Image`` rgb8, rendered only then), ``joint_states`` an
 that frame's state - what training learns; ``train/data.py`` falls back to the executed actions for bags without
 it, e.g. a robot's), ``instruction`` at the start, ``episode`` (``oxygen_ros/EpisodeStatus``: start, every second,
 end with success) and ``text_targets`` (``oxygen_ros/TextTarget``: the scene questions' ground-truth answers and the
-memory description at every ``--text-every``-th frame).  Episodes follow each other on one clock with a 1 s gap.
+memory description at every ``--text-every``-th frame, plus "where is the <colour> cube?" with its cell in the top
+image, ``sim/tasks.py`` ``cube_locations``: training-only grounding targets).  Episodes follow each other on one clock with a 1 s gap.
 Episodes the driving policy fails are left out unless ``--keep-failed`` (default for a trained policy: its failures
 are what DAgger learns from).  Messages are built as rosbags types and
 serialised with rosbags (no rclpy; byte-identical for the same arguments).  The bag is written under
@@ -159,7 +160,7 @@ def record(o) -> dict:
     from oxygen_ros.sim.episode import EpisodeConfig, run_episode  # noqa: PLC0415
     from oxygen_ros.sim.expert import Expert  # noqa: PLC0415
     from oxygen_ros.sim.scene import CONTROL_DT, JOINTS, AlohaScene  # noqa: PLC0415
-    from oxygen_ros.sim.tasks import MEMORY_PROMPT, QUESTIONS, TASKS, draw_task  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import MEMORY_PROMPT, QUESTIONS, TASKS, cube_locations, draw_task  # noqa: PLC0415
 
     tasks = [t.strip() for t in o.task.split(",") if t.strip()]
     bad = [t for t in tasks if t not in TASKS]
@@ -215,6 +216,8 @@ def record(o) -> dict:
                         answers, memory = gt
                         for q in QUESTIONS:
                             buf.append((ns, "text", (ns, "conversation", q, answers[q])))
+                        for q, a in cube_locations(sim).items():       # training-only grounding targets
+                            buf.append((ns, "text", (ns, "conversation", q, a)))
                         buf.append((ns, "text", (ns, "memory", MEMORY_PROMPT, memory)))
                     n_frames[0] += 1
 
