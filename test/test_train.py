@@ -190,6 +190,45 @@ def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_
     assert built.action_dims == 14 and built.horizon == SMALL["action_horizon"]
 
 
+def test_device_auto_is_the_cpu_without_a_gpu_and_ddp_uses_nccl_only_for_cuda_tensors(monkeypatch):
+    from oxygen_ros.train.trainer import ddp_backend, resolve_device
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert ddp_backend(torch.device("cpu")) == "gloo"
+    assert ddp_backend(torch.device("cuda", 0)) == "nccl"
+    with pytest.raises(ValueError, match="cpu or cuda"):
+        resolve_device("meta")
+    if torch.cuda.is_available():
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        assert resolve_device("auto") == torch.device("cuda", 0) == resolve_device("cuda")
+    else:
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
+    with monkeypatch.context() as m:                      # no GPU: auto falls back to the CPU, cuda is refused
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+    with monkeypatch.context() as m:                      # a GPU: auto picks this rank's (as torchrun sets it)
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setenv("LOCAL_RANK", "1")
+        assert resolve_device("auto") == torch.device("cuda", 1)
+        assert resolve_device("cuda:0") == torch.device("cuda", 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU path is tested everywhere)")
+def test_training_on_cuda_follows_the_cpu_run(bags, tmp_path):
+    """Same data, seed and steps on the GPU and on the CPU: the model and every batch on the device, the same
+    host-drawn noise, so the losses agree to float tolerance."""
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        tr = _trainer(bags, tmp_path / dev, steps=5, device=dev, val_every=100, ckpt_every=5)
+        tr.setup()
+        assert next(tr.model.parameters()).device.type == dev
+        runs[dev] = [r["loss"] for r in tr.train()["curves"]["train"]]
+    assert np.allclose(runs["cpu"], runs["cuda"], rtol=1e-3, atol=1e-4), runs
+
+
 def test_resume_equals_an_uninterrupted_run(bags, tmp_path):
     full = _trainer(bags, tmp_path / "full", steps=8, ckpt_every=4, val_every=100)
     full.setup()

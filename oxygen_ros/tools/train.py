@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ckpt-every", type=int, default=1000)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    ap.add_argument("--device", default="auto", help="auto (cuda when available, else cpu) | cpu | cuda | cuda:N")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
                      compile=a.compile,
                      augment=a.augment, seed=a.seed, val_fraction=a.val_fraction, val_every=a.val_every,
                      ckpt_every=a.ckpt_every, log_every=a.log_every, vocab_size=a.vocab_size, horizon=a.horizon,
-                     asset_id=a.asset_id, threads=a.threads, init=a.init, resume=a.resume,
+                     asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, resume=a.resume,
                      eval_every=a.eval_every, topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

@@ -36,6 +36,12 @@ class Batch:
     def slice(self, a: int, b: int) -> "Batch":
         return Batch(*[getattr(self, f)[a:b] for f in self.__dataclass_fields__])
 
+    def to(self, device: torch.device) -> "Batch":
+        """On ``device``: for CUDA pinned on the host first and copied without blocking; the CPU: itself."""
+        if device.type == "cpu":
+            return self
+        return Batch(*[getattr(self, f).pin_memory().to(device, non_blocking=True) for f in self.__dataclass_fields__])
+
 
 class BatchMaker:
     def __init__(self, cfg, processor, delta_mask, text_len: int):

@@ -9,7 +9,11 @@ losses of ``losses.py`` and batches of ``batches.py``.  Determinism: one seeded 
 batch (rows, text targets) and one seeded torch generator draws every noise, time and augmentation; both are part of
 the checkpoint, so ``--resume`` continues exactly where an uninterrupted run would be.  Under ``torchrun`` each rank
 takes its slice of the same global batch and DDP (gloo on CPU, NCCL on CUDA) averages the gradients, so N processes
-compute the update one process computes on the whole batch.  Every ``ckpt_every`` steps (and at the end) rank 0
+compute the update one process computes on the whole batch.  ``device`` (``resolve_device``): ``auto`` = CUDA when
+present (under torchrun ``cuda:LOCAL_RANK``), else the CPU; the model, optimiser state and every batch live there
+(batches are assembled on the host, pinned and copied without blocking), noise and times are still drawn on the
+host's generators (the same numbers on any device), bf16 autocast runs on the device's type, and DDP picks NCCL only
+when the tensors are on CUDA (``ddp_backend``).  Every ``ckpt_every`` steps (and at the end) rank 0
 writes ``checkpoints/step_NNNNNN/`` - ``model.safetensors`` + ``config.json`` + ``assets/<asset_id>/norm_stats.json``
 + ``paligemma_tokenizer.model`` (what ``load_checkpoint`` / the node's ``checkpoint`` parameter read) plus
 ``train_state.safetensors`` / ``train_state.json`` (optimiser moments, step, generators, options) - into a temporary
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["TrainOptions", "Trainer", "lr_at"]
+__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "ddp_backend"]
 
 
 @dataclass
@@ -62,12 +66,38 @@ class TrainOptions:
     horizon: int | None = None             # default: the preset's
     asset_id: str = "sim_aloha"
     threads: int = 0                       # torch threads; 0 = torch's default
+    device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     init: str | None = None                # checkpoint to start from (fine-tuning)
     resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
     eval_every: int = 0
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when available (``cuda:LOCAL_RANK`` under torchrun), else the CPU; ``cuda`` likewise picks
+    the local rank's GPU; anything else as given.  ValueError for CUDA without a GPU or an unknown name."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {name!r}: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available here (use cpu or auto)")
+        if dev.index is None:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    elif dev.type != "cpu":
+        raise ValueError(f"--device {name}: training runs on cpu or cuda")
+    return dev
+
+
+def ddp_backend(device: torch.device) -> str:
+    """NCCL for CUDA tensors, gloo for CPU tensors (NCCL cannot reduce host tensors)."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def lr_at(step: int, o: TrainOptions) -> float:
@@ -119,8 +149,11 @@ class Trainer:
         o = self.o
         if o.threads > 0:
             torch.set_num_threads(o.threads)
+        self.device = dev = resolve_device(o.device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
         if self.world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            torch.distributed.init_process_group(ddp_backend(dev))
         layout = self.layout
         self.delta_mask = np.zeros(len(layout.action_names), bool)
         dm = np.asarray(layout.delta_action_mask, bool)
@@ -174,6 +207,7 @@ class Trainer:
             torch.manual_seed(o.seed)
             model = Pi05Model(cfg)
         self.cfg, self.norm_stats, self.tok = cfg, ns, tok
+        model = model.to(dev)
         model.requires_grad_(True)
         model.paligemma_with_expert.gemma_expert.lm_head.requires_grad_(False)      # unused (openpi key only)
         model.train()
@@ -198,7 +232,7 @@ class Trainer:
             DDP._set_params_and_buffers_to_ignore_for_model(self.step_fn, [
                 n for n, t in list(self.step_fn.named_parameters()) + list(self.step_fn.named_buffers())
                 if t.stride() and 0 in t.stride()])
-            self.step_fn = DDP(self.step_fn)
+            self.step_fn = DDP(self.step_fn, device_ids=[dev.index] if dev.type == "cuda" else None)
         if o.compile:
             self.step_fn = torch.compile(self.step_fn)
         self.rng = np.random.default_rng(o.seed)
@@ -212,7 +246,7 @@ class Trainer:
         self._say(f"model: {cfg.name} {n_par / 1e6:.2f} M trainable parameters, H={cfg.action_horizon}, "
                   f"vocab {tok.vocab_size}, image {cfg.image_size} px, text_len {self.maker.text_len}; "
                   f"{len(self.samples)} training frames, {sum(e.num_frames for e in self.val_eps)} validation frames; "
-                  f"world {self.world}")
+                  f"world {self.world}, device {dev}{', bf16' if o.bf16 else ''}")
         self._val_items = self._fixed_val_items()
 
     # ------------------------------------------------------------------------------------------------ batches
@@ -258,17 +292,17 @@ class Trainer:
                 aug_seed = int(torch.randint(0, 1 << 62, (1,), generator=self.gen))
                 lo, hi = self.rank * per, (self.rank + 1) * per
                 batch = self.maker.make(items[lo:hi], torch.Generator().manual_seed(aug_seed + self.rank),
-                                        augment=o.augment)
+                                        augment=o.augment).to(self.device)
                 lr = lr_at(self.step, o)
                 for g in self.opt.param_groups:
                     g["lr"] = lr
-                counts = loss_counts(batch)
+                counts = loss_counts(batch).to(self.device)
                 if self.world > 1:                    # global denominators: DDP's mean of rank gradients = global
                     torch.distributed.all_reduce(counts)
                 denoms = counts.clamp(min=1.0) / self.world
-                with torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16,
-                                    enabled=o.bf16):
-                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi], tt[lo:hi], o.text_weight, denoms)
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=o.bf16):
+                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
+                                             tt[lo:hi].to(self.device), o.text_weight, denoms)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
@@ -317,9 +351,9 @@ class Trainer:
         step = self.model.forward_train
         for i in range(0, len(self._val_items), self.o.batch_size):
             items = self._val_items[i:i + self.o.batch_size]
-            b = self.maker.make(items)
-            noise = torch.randn(len(items), H, A, generator=g)
-            tt = sample_time(len(items), g)
+            b = self.maker.make(items).to(self.device)
+            noise = torch.randn(len(items), H, A, generator=g).to(self.device)
+            tt = sample_time(len(items), g).to(self.device)
             _, fm, ce = pi05_loss(step, b, noise, tt, 1.0)
             tot["fm"] += float(fm) * len(items)
             tot["ce"] += float(ce) * len(items)
@@ -400,7 +434,7 @@ def _flatten_optimizer(opt) -> tuple[dict, dict]:
         meta["state"][str(pid)] = []
         for k, v in st.items():
             t = v if torch.is_tensor(v) else torch.tensor(v)
-            tensors[f"opt.{pid}.{k}"] = t.contiguous()
+            tensors[f"opt.{pid}.{k}"] = t.detach().cpu().contiguous()
             meta["state"][str(pid)].append(k)
     return tensors, meta
 
