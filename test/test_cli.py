@@ -52,6 +52,8 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
                    ["rec/metadata.yaml", "rec/episodes.json"]),
     "sim-eval": (["--policy", "expert", "--task", "reach", "--seeds", "0:1", "--camera-size", "16", "--no-video",
                   "--out", "{tmp}/ev", "--quiet"], ["ev/results.json", "ev/table.txt"]),
+    "sim-diagnose": (["--policy", "expert", "--task", "reach", "--seeds", "0:3", "--camera-size", "16",
+                      "--out", "{tmp}/diag"], ["diag/grounding.json", "diag/grounding.png", "diag/table.txt"]),
     "train": (["{episodes}", "--out", "{tmp}/run", "--preset", "tiny", "--steps", "2", "--batch-size", "2",
                "--vocab-size", "640", "--val-fraction", "0", "--log-every", "1", "--threads", "1", "--quiet"],
               ["run/latest", "run/curves.json"]),

@@ -15,7 +15,9 @@
   oxygen soak [...]             minutes of node + replay + questions, sampling the node's RSS (memory stays flat)
   oxygen sim-record [...]       scripted-expert episodes in the MuJoCo simulation -> an episode bag (training data)
   oxygen sim-eval [...]         closed-loop evaluation in the simulation over a grid (engine mode, chunking, delay,
-                                language load): success with Wilson intervals, smoothness, answer accuracy, videos
+                                language load): success with Wilson intervals, smoothness, answer accuracy, videos;
+                                --trace: where and why episodes fail (distance, milestones, stalls)
+  oxygen sim-diagnose [...]     visual grounding: does the policy's planned endpoint move with the named cube?
   oxygen train BAGS [...]       train / fine-tune the pi0.5 model on episode bags (torchrun for DDP) -> a checkpoint
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
@@ -42,6 +44,7 @@ COMMANDS = {
     "soak": ("oxygen_ros.tools.node.soak", "main"),
     "sim-record": ("oxygen_ros.tools.sim.record", "main"),
     "sim-eval": ("oxygen_ros.tools.sim.eval", "main"),
+    "sim-diagnose": ("oxygen_ros.tools.sim.diagnose", "main"),
     "train": ("oxygen_ros.tools.train", "main"),
 }
 

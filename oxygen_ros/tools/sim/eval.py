@@ -111,13 +111,19 @@ class _Worker:
         cfg = EpisodeConfig(delay_steps=cell["delay_steps"], camera_every=c["camera_every"])
         hooks = {}
         video = None
+        steps = []                                      # on_step hooks of this episode (trace, video)
+        tracer = None
+        if c.get("trace"):
+            from oxygen_ros.sim.trace import EpisodeTracer  # noqa: PLC0415
+            tracer = EpisodeTracer(self.sim, spec)
+            steps.append(tracer.on_step)
         if job.get("video"):
             from .video import EpisodeVideo  # noqa: PLC0415
             video = EpisodeVideo(f"{spec.task} seed {spec.seed}: {spec.instruction}",
                                  1.0 / (CONTROL_DT * c["camera_every"]))
             cmds = []
 
-            def on_step(t, state, cmd, monitor):
+            def video_step(t, state, cmd, monitor):
                 cmds.append(cmd)
                 hooks["success"] = monitor.success
 
@@ -126,10 +132,19 @@ class _Worker:
                          else f"memory: {e['text']!r}" for e in pol.language_log]
                 status = "SUCCESS" if hooks.get("success") else ""
                 video.add_frame(frame.t, frame.images, cmds, lines, status)
-            hooks = {"on_step": on_step, "on_frame": on_frame}
-        res = run_episode(self.sim, spec, pol, cfg, on_step=hooks.get("on_step"), on_frame=hooks.get("on_frame"))
+            steps.append(video_step)
+            hooks["on_frame"] = on_frame
+
+        def on_step(*args):
+            for f in steps:
+                f(*args)
+        res = run_episode(self.sim, spec, pol, cfg, on_step=on_step if steps else None,
+                          on_frame=hooks.get("on_frame"))
         out = episode_measures(res, pol.language_log, pol.horizon)
         out["cycle_outcomes"] = dict(pol.cycle_outcomes)
+        if tracer is not None:
+            out["trace_summary"] = tracer.summary()
+            out["trace"] = tracer.series(0.1)
         if video is not None:
             path = Path(c["out"]) / "videos" / f"{job['cell_name']}.mp4"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,6 +362,9 @@ def _write_outputs(out: Path, config: dict, cells: list[dict], episodes: list[di
     out.mkdir(parents=True, exist_ok=True)
     table = format_table(cells)
     plots = plot(cells, out / "results")
+    if any(e.get("trace") for e in episodes):
+        from oxygen_ros.sim.trace import plot_traces  # noqa: PLC0415
+        plots = list(plots or []) + [plot_traces(episodes, out / "results")]
     doc = {"config": config, "hardware": _hardware(), "wall_s": wall_s, "cells": cells, "plots": plots,
            "episodes": episodes}
     _write_atomic(out / "results.json", json.dumps(doc, indent=1, default=str))
@@ -407,6 +425,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="node parameter override (repeatable), e.g. -p preset:=tiny")
     ap.add_argument("--out", default=None, help="output folder (default out/sim_eval/<UTC time>)")
     ap.add_argument("--no-video", action="store_true")
+    ap.add_argument("--trace", action="store_true",
+                    help="per episode: gripper-to-cube distance over time, the milestone reached, where the arm stood "
+                         "still (sim/trace.py); plotted in results_traces.png")
     ap.add_argument("--merge", nargs="+", metavar="DIR", help="merge shards' results.json into --out and exit")
     ap.add_argument("--quiet", action="store_true")
     return ap
@@ -447,7 +468,7 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     cells = _cells(o.engine_mode, o.chunking, o.delay_ms, o.language)
     common = {"policy": o.policy, "params": o.params, "overrides": overrides, "camera_size": o.camera_size,
-              "camera_every": int(round(every)), "horizon": o.horizon, "out": str(out)}
+              "camera_every": int(round(every)), "horizon": o.horizon, "out": str(out), "trace": o.trace}
     config = {k: v for k, v in common.items() if k != "out"}
     config.update(tasks=o.task, seeds=f"{o.seeds.start}:{o.seeds.stop}", workers=o.workers,
                   camera_rate=o.camera_rate, clock=o.clock,

@@ -1,0 +1,151 @@
+"""``oxygen sim-diagnose``: does a policy see the cube?  Visual grounding measured over many scenes.
+
+This file owns the grounding check.  For each of ``--scenes`` seeds of ``--task`` it resets the simulation (arms at
+their start pose), asks the policy for its first chunk through the node's own path (``ros/lockstep.py``
+``PipelinePolicy``: cameras, state and instruction in, ``joint_trajectory`` out) and puts the chunk's last row
+through the arm's forward kinematics: the *planned endpoint* of the acting gripper (the named arm; pick: the cube's
+side; transfer: the right arm).  A policy that grounds the instruction in the image plans endpoints that move with the
+named cube: per axis (x, y) the Pearson correlation between the planned displacement (endpoint - start) and the
+cube's offset from the gripper, *within* each arm (the arm alone - known from the text - explains most of x), and the
+slope of that relation.  The scripted expert is the reference (``--policy expert``); ``random`` weights the floor.
+Outputs under ``--out``: ``grounding.json`` (per scene and the statistics), ``grounding.png`` (planned vs true per
+axis) and the table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["grounding", "within_group_stats", "main"]
+
+
+def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
+    """Per axis: Pearson r and the least-squares slope of planned [N, k] on true [N, k] after removing each group's
+    mean (so that a policy that only knows which arm moves scores 0)."""
+    planned, true = np.asarray(planned, float), np.asarray(true, float)
+    groups = np.asarray(groups)
+    p, t = planned.copy(), true.copy()
+    for g in np.unique(groups):
+        m = groups == g
+        p[m] -= p[m].mean(0)
+        t[m] -= t[m].mean(0)
+    out = {}
+    for k, ax in enumerate("xyz"[:planned.shape[1]]):
+        sp, st = float(np.sqrt((p[:, k] ** 2).sum())), float(np.sqrt((t[:, k] ** 2).sum()))
+        r = float((p[:, k] * t[:, k]).sum() / (sp * st)) if sp > 0 and st > 0 else 0.0
+        slope = float((p[:, k] * t[:, k]).sum() / (t[:, k] ** 2).sum()) if st > 0 else 0.0
+        out[ax] = {"r": round(r, 4), "slope": round(slope, 4)}
+    return out
+
+
+def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None) -> dict:
+    from oxygen_ros.ros.lockstep import PipelinePolicy, sim_settings  # noqa: PLC0415
+    from oxygen_ros.sim.episode import SimObservation  # noqa: PLC0415
+    from oxygen_ros.sim.ik import ArmIK  # noqa: PLC0415
+    from oxygen_ros.sim.scene import JOINTS, AlohaScene  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import draw_task  # noqa: PLC0415
+
+    expert = policy == "expert"
+    over = {"delta_action_mask": []} if expert else {"checkpoint": "" if policy == "random" else policy}
+    pol = PipelinePolicy(sim_settings(params, over), expert=expert, horizon=20)
+    sim = AlohaScene((camera_size, camera_size))
+    ik = {a: ArmIK(sim, a) for a in ("left", "right")}
+    rows = []
+    try:
+        for seed in seeds:
+            spec = draw_task(task, int(seed))
+            sim.reset(spec.scene)
+            pol.reset(spec, sim)
+            trs = pol.act(SimObservation(0.0, sim.render(), sim.state(), spec.instruction, 0.0), 0.0)
+            if not trs:
+                rows.append({"seed": int(seed), "arm": spec.arm, "error": "no trajectory"})
+                continue
+            tr = trs[-1]
+            last = dict(zip(tr.joint_names, tr.positions[-1]))
+            off = "left" if spec.arm == "left" else "right"
+            q = np.array([last[n] for n in JOINTS if n.startswith(off) and not n.endswith("gripper")])
+            end, _ = ik[spec.arm].forward(q)
+            start = sim.grip_pos(spec.arm)
+            cube = sim.cube_pos(spec.target_index)
+            rows.append({"seed": int(seed), "arm": spec.arm, "planned": (end - start).round(5).tolist(),
+                         "true": (cube - start).round(5).tolist()})
+    finally:
+        pol.close()
+        sim.close()
+    ok = [r for r in rows if "planned" in r]
+    stats = within_group_stats(np.array([r["planned"][:2] for r in ok]), np.array([r["true"][:2] for r in ok]),
+                               [r["arm"] for r in ok]) if len(ok) > 2 else {}
+    return {"policy": policy, "task": task, "scenes": len(rows), "usable": len(ok), "stats": stats, "rows": rows}
+
+
+def _plot(results: list[dict], path: Path) -> str:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for res in results:
+        ok = [r for r in res["rows"] if "planned" in r]
+        for k, ax in enumerate(axes):
+            ax.scatter([r["true"][k] for r in ok], [r["planned"][k] for r in ok], s=12, alpha=0.7,
+                       label=f"{res['policy'][-30:]} (r within arm {res['stats'].get('xy'[k], {}).get('r', 0):+.2f})")
+    for k, ax in enumerate(axes):
+        ax.set_xlabel(f"cube offset from the gripper, {'xy'[k]} (m)")
+        ax.set_ylabel(f"planned endpoint displacement, {'xy'[k]} (m)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("grounding: does the first chunk's endpoint move with the named cube?")
+    fig.tight_layout()
+    out = path / "grounding.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return str(out)
+
+
+def main(argv=None) -> int:
+    from oxygen_ros.ros.engine_factory import SHIPPED, resolve_checkpoint  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import TASKS  # noqa: PLC0415
+
+    from .record import parse_seeds  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="oxygen sim-diagnose", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", action="append", default=None,
+                    help="expert | random | demo | a checkpoint directory (repeatable: compared in one table)")
+    ap.add_argument("--task", default="reach", choices=TASKS)
+    ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0:50"), help="scenes A:B (default 0:50)")
+    ap.add_argument("--camera-size", type=int, default=96)
+    ap.add_argument("--params", default=None, help="node parameter file (default config/sim_aloha.yaml)")
+    ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
+    o = ap.parse_args(argv)
+    policies = o.policy or ["expert", "demo"]
+    for i, p in enumerate(policies):
+        if p in SHIPPED:
+            policies[i] = resolve_checkpoint(p)
+        elif p not in ("expert", "random") and not Path(p).is_dir():
+            ap.error(f"--policy {p!r} is not expert, random, demo or a checkpoint directory")
+    out = Path(o.out or Path("out") / "sim_diagnose" / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    out.mkdir(parents=True, exist_ok=True)
+    results = [grounding(p, o.task, o.seeds, o.camera_size, o.params) for p in policies]
+    lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
+             "first chunk's planned endpoint displacement vs the named cube's offset)",
+             f"{'policy':<48} {'x r':>7} {'x slope':>8} {'y r':>7} {'y slope':>8}"]
+    for r in results:
+        s = r["stats"]
+        lines.append(f"{r['policy'][-48:]:<48} {s['x']['r']:>+7.3f} {s['x']['slope']:>+8.3f} "
+                     f"{s['y']['r']:>+7.3f} {s['y']['slope']:>+8.3f}")
+    table = "\n".join(lines)
+    (out / "grounding.json").write_text(json.dumps({"task": o.task, "results": results}, indent=1))
+    (out / "table.txt").write_text(table + "\n")
+    _plot(results, out)
+    print(table)
+    print(f"results: {out}/grounding.json, {out}/grounding.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
