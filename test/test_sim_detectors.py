@@ -85,7 +85,8 @@ def test_reach_success_latches_with_its_first_time(sim):
     mon = _monitor(sim, spec)
     assert not _tick(sim, mon)
     pose_gripper_at(sim, "left", sim.cube_pos(0), 0.0)
-    assert _tick(sim, mon)                                       # step 2
+    assert _tick(sim, mon)                                       # step 2: first contact
+    assert _tick(sim, mon)                                       # step 3: still touching
     _away(sim)
     assert _tick(sim, mon) and mon.success_time == pytest.approx(2 * CONTROL_DT)
 
@@ -190,16 +191,18 @@ def test_transfer_follows_gym_alohas_reward_stages_and_latches_at_the_left_gripp
     _tick(sim, mon)
     stages.append(mon.reward)                                    # 2
     assert not mon.success
-    pose_gripper_at(sim, "right", AIR, 1.0)                      # handed over: the left gripper holds it in the air
-    pose_gripper_at(sim, "left", AIR, 0.0)
+    pose_gripper_at(sim, "left", AIR, 0.0)                       # the handover: both grippers hold it in the air
     assert _tick(sim, mon)
     stages.append(mon.reward)                                    # 4: success (step 4)
     t_touch = sim.time
+    pose_gripper_at(sim, "right", AIR, 1.0)                      # the right one lets go: the left holds it alone
+    _tick(sim, mon)
+    stages.append(mon.reward)                                    # 4
     _away(sim)                                                   # ... and dropped right after the first touch
     _on_table(sim)
     _tick(sim, mon)
     stages.append(mon.reward)                                    # 0 again
-    assert stages == [0, 1, 2, 4, 0]
+    assert stages == [0, 1, 2, 4, 4, 0]
     assert mon.success and mon.success_time == pytest.approx(t_touch) and mon.max_reward == 4
 
 
