@@ -15,10 +15,10 @@ pytest.importorskip("gym_aloha", reason="the simulation needs gym-aloha (require
 
 from oxygen_ros.sim.episode import EpisodeConfig, run_episode  # noqa: E402
 from oxygen_ros.sim.execution import Trajectory, TrajectoryExecutor, TrajectoryRejected  # noqa: E402
-from oxygen_ros.sim.ik import ArmIK, down_rotation  # noqa: E402
 from oxygen_ros.sim.scene import CUBE_HALF, JOINTS, START_POSE, AlohaScene, Cube, SceneSpec  # noqa: E402
 from oxygen_ros.sim.tasks import (QUESTIONS, TASKS, TaskMonitor, draw_task, memory_text,  # noqa: E402
                                   scene_answers)
+from sim_states import pose_gripper_at as _pose_gripper_at, set_cube as _set_cube  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -65,29 +65,6 @@ def test_cubes_rest_where_the_scene_says_and_unused_ones_are_parked(sim):
 
 
 # ---------------------------------------------------------------------------------------------------- detectors
-def _pose_gripper_at(sim, arm: str, pos, grip: float) -> None:
-    """Put ``arm``'s grip site at ``pos`` (pointing down) and its fingers at ``grip``, kinematically."""
-    import mujoco
-    ik = ArmIK(sim, arm)
-    off = 0 if arm == "left" else 7
-    q = ik.solve(START_POSE[off:off + 6], np.asarray(pos, float), down_rotation(np.pi / 2))
-    sim.data.qpos[sim.arm_qpos[arm]] = q
-    from oxygen_ros.sim.scene import gripper_to_finger
-    f = float(gripper_to_finger(grip))
-    sim.data.qpos[sim.finger_qpos[arm]] = f
-    sim.data.qpos[sim.finger_qpos[arm] + 1] = -f
-    mujoco.mj_forward(sim.model, sim.data)
-
-
-def _set_cube(sim, i: int, pos) -> None:
-    import mujoco
-    q = sim.cube_qpos[i]
-    sim.data.qpos[q:q + 3] = pos
-    sim.data.qpos[q + 3:q + 7] = (1, 0, 0, 0)
-    sim.data.qvel[sim.cube_qvel[i]:sim.cube_qvel[i] + 6] = 0
-    mujoco.mj_forward(sim.model, sim.data)
-
-
 def test_reach_fires_on_the_named_grippers_contact_with_the_named_cube_only(sim):
     spec = draw_task("reach", 3)
     sim.reset(spec.scene)

@@ -15,9 +15,11 @@ starts another; episodes also follow each other (``seed``, ``seed + 1``, ...; ``
 Clock modes (``clock``):
 * ``realtime``: the physics follow the wall clock times ``real_time_factor`` (<= 1; state it with every result),
   so the policy's real compute time becomes sim-time latency.
-* ``lockstep``: deterministic; sim time stops at each camera frame the policy is free for, until the policy's next
-  trajectory arrives (or ``lockstep_timeout_s`` of wall time passes), which then takes effect ``delay_steps`` control
-  steps later - the same semantics as the in-process lockstep evaluator (``sim/episode.py``).
+* ``lockstep``: deterministic; sim time stops at the first control step where the policy is free (its previous
+  trajectory's ``delay_steps`` have passed) and a camera frame it has not seen exists - the newest, published then
+  with its capture stamp - until the policy's next trajectory arrives (or ``lockstep_timeout_s`` of wall time
+  passes), which then takes effect ``delay_steps`` control steps after its stamp - the same semantics as the
+  in-process lockstep evaluator (``sim/episode.py``).
 The simulation runs in its own thread (it also owns the renderer's EGL context); callbacks only queue work under a
 lock.  SIGINT / SIGTERM (any number) stop it cleanly with exit status 0.
 """
@@ -76,8 +78,9 @@ PARAMS = {
 
 
 class SimNode(Node):
-    def __init__(self):
-        super().__init__("oxygen_sim")
+    def __init__(self, **node_kwargs):
+        """``node_kwargs`` go to ``rclpy.node.Node`` (tests: ``context``, ``parameter_overrides``)."""
+        super().__init__("oxygen_sim", **node_kwargs)
         for name, (default, desc) in PARAMS.items():
             self.declare_parameter(name, default, ParameterDescriptor(description=desc))
         p = {n: self.get_parameter(n).value for n in PARAMS}
@@ -224,7 +227,7 @@ class SimNode(Node):
             self.pub_status.publish(episode_status_msg(now_ns, elapsed=0.0, done=False, success=False,
                                                        detail="running", **status))
             log.info(f"episode {eid}: {task} seed {seed}: {spec.instruction!r}")
-            busy_until, detail, step = -1.0, "timeout", 0
+            busy_until, detail, step, frame = -1.0, "timeout", 0, None
             n_steps = int(round(spec.time_limit_s / self.dt))
             while step < n_steps and not self.stop.is_set():
                 with self.lock:
@@ -237,22 +240,26 @@ class SimNode(Node):
                 self._pub_clock(now_ns)
                 self.pub_joints.publish(joint_state_msg(self.joints, state, now_ns))
                 if step % self.camera_every == 0:
-                    frame_free = not lockstep or t >= busy_until - 1e-9
-                    if frame_free:
-                        self.arrived.clear()
-                        with self.lock:
-                            n_before = self.received
-                        for pub, cam, img in zip(self.pub_cams, sim.cameras, sim.render()):
-                            pub.publish(camera_msg(img, now_ns, cam))
-                        if p["text_targets"]:
-                            facts = scene_facts(sim)
-                            for q, a in scene_answers(sim, facts).items():
-                                self.pub_text.publish(text_target_msg(now_ns, "conversation", q, a))
-                            self.pub_text.publish(text_target_msg(now_ns, "memory", MEMORY_PROMPT,
-                                                                  memory_text(sim, facts)))
-                        if lockstep:
-                            got = self._wait_policy(n_before, float(p["lockstep_timeout_s"]))
-                            busy_until = t + d * self.dt if got else t
+                    frame = (now_ns, sim.render())       # the newest frame; published once the policy is free
+                # lockstep: a policy still "computing" (t < busy_until) gets the newest frame when it is free, with
+                # its capture stamp (as the node's inference thread takes the newest frame when a cycle ends)
+                ask = frame is not None and (not lockstep or t >= busy_until - 1e-9)
+                if ask:
+                    self.arrived.clear()
+                    with self.lock:
+                        n_before = self.received
+                    cap_ns, images = frame
+                    frame = None
+                    for pub, cam, img in zip(self.pub_cams, sim.cameras, images):
+                        pub.publish(camera_msg(img, cap_ns, cam))
+                if step % self.camera_every == 0 and p["text_targets"]:
+                    facts = scene_facts(sim)
+                    for q, a in scene_answers(sim, facts).items():
+                        self.pub_text.publish(text_target_msg(now_ns, "conversation", q, a))
+                    self.pub_text.publish(text_target_msg(now_ns, "memory", MEMORY_PROMPT, memory_text(sim, facts)))
+                if ask and lockstep:
+                    got = self._wait_policy(n_before, float(p["lockstep_timeout_s"]))
+                    busy_until = t + d * self.dt if got else t
                 with self.lock:
                     queued, self.pending = self.pending, []
                 for tr in queued:

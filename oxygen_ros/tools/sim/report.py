@@ -38,7 +38,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     den = 1 + z * z / n
     c = (p + z * z / (2 * n)) / den
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, c - h), min(1.0, c + h)
+    # the ends at 0 / n and n / n are 0 and 1 exactly (c - h and c + h leave a rounding error there)
+    return (0.0 if k <= 0 else max(0.0, c - h)), (1.0 if k >= n else min(1.0, c + h))
 
 
 def normalise(text: str) -> str:
