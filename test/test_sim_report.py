@@ -142,7 +142,8 @@ def test_aggregate_counts_crashed_episodes_apart_and_uses_wilson():
     def ep(success, error=""):
         return {"task": "reach", "seed": 0, "success": success, "success_time": 1.0 if success else None,
                 "duration_s": 2.0, "chunks": 10, "horizon": 5, "switch_jumps": [0.5], "inside_steps": [0.1, 0.3],
-                "answers": [{"ok": True}, {"ok": False}], "memories": [], "rejected": {"not_finite": 1},
+                "answers": [{"q": "a?", "ok": True}, {"q": "b?", "ok": False}], "memories": [],
+                "rejected": {"not_finite": 1},
                 "error": error}
     eps = [ep(True), ep(True), ep(False), ep(False, error="boom")]
     a = aggregate(eps)
@@ -152,5 +153,17 @@ def test_aggregate_counts_crashed_episodes_apart_and_uses_wilson():
     assert a["incomplete"] == 1 and a["rejected_trajectories"] == 3
     assert a["action_hz"] == pytest.approx(5 * 30 / 6.0) and a["cycles_per_s"] == pytest.approx(30 / 6.0)
     assert a["smoothness"]["switch_p50"] == 0.5 and a["smoothness"]["inside_p50"] == pytest.approx(0.2)
-    assert a["answers"] == {"n": 6, "exact": 0.5}
+    assert a["answers"] == {"n": 6, "exact": 0.5, "by_question": {"a?": {"n": 3, "exact": 1.0},
+                                                                   "b?": {"n": 3, "exact": 0.0}}}
     assert math.isclose(a["smoothness"]["ratio_p50"], 2.5)
+
+
+def test_aggregate_reports_gym_alohas_transfer_definition_beside_the_strict_one():
+    def ep(success, gym):
+        return {"task": "transfer", "seed": 0, "success": success, "gym_success": gym,
+                "success_time": 3.0 if success else None, "duration_s": 8.0, "chunks": 10, "horizon": 5,
+                "switch_jumps": [], "inside_steps": [], "answers": [], "memories": [], "rejected": {}, "error": ""}
+    t = aggregate([ep(True, True), ep(False, True), ep(False, False)])["tasks"]["transfer"]
+    assert (t["success"], t["gym_aloha"]["success"]) == (1, 2)
+    assert t["gym_aloha"]["ci95"] == list(wilson(2, 3))
+    assert "gym_aloha" not in aggregate([dict(ep(True, True), task="pick")])["tasks"]["pick"]

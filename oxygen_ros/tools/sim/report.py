@@ -99,6 +99,10 @@ def aggregate(episodes: list[dict]) -> dict:
         out["tasks"][task] = {"n": len(done), "success": k, "rate": k / len(done) if done else None,
                               "ci95": [lo, hi], "time_to_success_s": float(np.mean(tts)) if tts else None,
                               "incomplete": [{"seed": e["seed"], "error": e["error"]} for e in eps if e.get("error")]}
+        if task == "transfer":                 # gym-aloha's own definition beside the strict one, for comparison
+            g = sum(1 for e in done if e.get("gym_success"))
+            out["tasks"][task]["gym_aloha"] = {"success": g, "rate": g / len(done) if done else None,
+                                               "ci95": list(wilson(g, len(done)))}
     done = [e for e in episodes if not e.get("error")]
     dur = sum(e["duration_s"] for e in done)
     chunks = sum(e["chunks"] for e in done)
@@ -114,7 +118,10 @@ def aggregate(episodes: list[dict]) -> dict:
                          "ratio_p50": (p50s / p50i) if p50s is not None and p50i else None}
     ans = [a for e in done for a in e["answers"]]
     mem = [m for e in done for m in e["memories"]]
-    out["answers"] = {"n": len(ans), "exact": (sum(a["ok"] for a in ans) / len(ans)) if ans else None}
+    out["answers"] = {"n": len(ans), "exact": (sum(a["ok"] for a in ans) / len(ans)) if ans else None,
+                      "by_question": {q: {"n": len(qa), "exact": sum(a["ok"] for a in qa) / len(qa)}
+                                      for q in sorted({a["q"] for a in ans if "q" in a})
+                                      for qa in [[a for a in ans if a.get("q") == q]]}}
     out["memory"] = {"n": len(mem), "objects": (sum(m["objects_ok"] for m in mem) / len(mem)) if mem else None,
                      "exact": (sum(m["exact"] for m in mem) / len(mem)) if mem else None}
     out["rejected_trajectories"] = sum(sum(e["rejected"].values()) for e in done)
@@ -139,6 +146,8 @@ def format_table(cells: list[dict]) -> str:
             rate = _f(None if t["rate"] is None else 100 * t["rate"], "{:.0f}%")
             ci = f"[{100 * t['ci95'][0]:.0f}, {100 * t['ci95'][1]:.0f}]"
             inc = f" +{len(t['incomplete'])} incomplete" if t["incomplete"] else ""
+            if "gym_aloha" in t and t["gym_aloha"]["rate"] is not None:
+                inc += f"  (gym-aloha's definition: {100 * t['gym_aloha']['rate']:.0f}%)"
             lines.append(
                 f"{c['engine_mode']:9} {c['chunking']:8} {c['delay_ms']:>4}ms {c['language']:12} {task:9} "
                 f"{rate:>8} {ci:>13} {t['n']:>4} {_f(t['time_to_success_s'], '{:.2f}'):>6} "
