@@ -57,17 +57,40 @@ bench: setup
 ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
 
-# The shipped demo policy, reproduced (checkpoints/demo/README.md has the measured times): 900 expert episodes
-# (seeds 100000-100299 per task; the second half with detour noise) -> train -> checkpoints/demo.
+# The shipped demo policy, reproduced (checkpoints/demo/README.md has the measured times): expert demonstrations
+# labelled by the state-driven expert (round 0: clean + DART-perturbed, two recorders in parallel), a policy trained
+# on them, then DAGGER_ROUNDS rounds of DAgger (the current policy drives, the expert labels every frame it visits,
+# the policy is fine-tuned on everything so far) -> checkpoints/demo.  Seeds 100000 and up (evaluation: 0-99).
 DATA ?= data
 RUN ?= runs/demo
-TRAIN_ARGS ?= --preset demo --steps 5000 --batch-size 32 --lr 4e-4 --warmup 300 --text-weight 1.0 --bf16 --compile \
-	--threads 2 --val-fraction 0.03 --ckpt-every 1000 --val-every 500 --log-every 50
+OXY = $(VENV)/bin/oxygen
+DEMO_SEEDS0 ?= 100000:100200
+DEMO_SEEDS0_NOISY ?= 100200:100400
+DEMO_NOISE ?= 0.03
+DEMO_STEPS0 ?= 6000
+DEMO_DAGGER_EPISODES ?= 100
+DEMO_STEPS_DAGGER ?= 2500
+DAGGER_ROUNDS ?= 2
+TRAIN_ARGS ?= --preset demo --batch-size 32 --text-weight 1.0 --bf16 --compile --threads 2 --val-fraction 0.03 \
+	--ckpt-every 1000 --val-every 500 --log-every 50
 train-demo: setup
-	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_a --seeds 100000:100150 --overwrite --quiet
-	$(VENV)/bin/oxygen sim-record --out $(DATA)/train_b --seeds 100150:100300 --noise 0.03 --overwrite --quiet
-	$(VENV)/bin/oxygen train $(DATA)/train_a $(DATA)/train_b --out $(RUN) $(TRAIN_ARGS)
-	$(PY) -m oxygen_ros.train.export $(RUN) checkpoints/demo
+	$(OXY) sim-record --out $(DATA)/r0_clean --seeds $(DEMO_SEEDS0) --overwrite --quiet & \
+	$(OXY) sim-record --out $(DATA)/r0_noisy --seeds $(DEMO_SEEDS0_NOISY) --noise $(DEMO_NOISE) --keep-failed \
+		--overwrite --quiet & wait
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/r0 --steps $(DEMO_STEPS0) --lr 4e-4 --warmup 300 \
+		$(TRAIN_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN)/r0 $(RUN)/policy_r0
+	set -e; for r in $$(seq 1 $(DAGGER_ROUNDS)); do \
+		p=$$((r - 1)); a=$$((100400 + 2 * (r - 1) * $(DEMO_DAGGER_EPISODES))); m=$$((a + $(DEMO_DAGGER_EPISODES))); \
+		$(OXY) sim-record --policy $(RUN)/policy_r$$p --out $(DATA)/dagger$$r --seeds $$a:$$m --overwrite --quiet & \
+		$(OXY) sim-record --policy $(RUN)/policy_r$$p --out $(DATA)/dagger$${r}b --seeds $$m:$$((m + $(DEMO_DAGGER_EPISODES))) \
+			--overwrite --quiet & wait; \
+		$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy $$(for i in $$(seq 1 $$r); do echo $(DATA)/dagger$$i \
+			$(DATA)/dagger$${i}b; done) --out $(RUN)/r$$r --init $(RUN)/policy_r$$p --steps $(DEMO_STEPS_DAGGER) \
+			--lr 2e-4 --warmup 100 $(TRAIN_ARGS); \
+		$(PY) -m oxygen_ros.train.export $(RUN)/r$$r $(RUN)/policy_r$$r; \
+	done
+	$(PY) -m oxygen_ros.train.export $(RUN)/r$(DAGGER_ROUNDS) checkpoints/demo
 
 # The demo policy's evaluations on unseen seeds, recorded under bench/results/.
 # EVALS: any of main joins claim expert (bench/sim_evals.sh says what each is).
