@@ -15,6 +15,7 @@ import torch
 
 from ...engine.engine import Engine, EngineConfig
 from ...model import ByteTokenizer, Processor, build_model, get_config, load_tokenizer
+from ...model.compiled import COMPILE_MODES, resolve_compile, resolve_device
 from . import __doc__ as _PACKAGE_DOC
 from .compiled import bf16_check, compile_shapes, compile_summary, components_table, step_op_counts
 from .costs import combine_costs, costs_ms, ideal, measure_components, steady_state_schedule
@@ -26,7 +27,7 @@ from .runs import compare, run_all, run_sweep
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="oxygen bench", description=_PACKAGE_DOC.split("\n\n")[0])
     p.add_argument("--preset", default="bench-cpu")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda[:N] | auto (cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
     p.add_argument("--modes", default="isolated,shared,oxygen")
     p.add_argument("--frames", type=int, default=50)
@@ -54,8 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--compile", default="none", choices=("none", "inductor", "cudagraphs"),
-                   help="also run every measurement compiled (side by side with eager, same model and inputs)")
+    p.add_argument("--compile", default="none", choices=("none", "auto") + COMPILE_MODES[1:],
+                   help="also run every measurement compiled (side by side with eager, same model and inputs); "
+                        "auto = the node's default (CUDA: cudagraphs, else none)")
     p.add_argument("--compile-batch-sizes", default="1,2,4,8,16",
                    help="decode / prompt batch buckets that get a graph (larger batches run in the next bucket)")
     p.add_argument("--no-eager", action="store_true", help="with --compile: skip the eager engine runs (components "
@@ -63,7 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--no-ops", action="store_true", help="with --compile: skip the profiler operator counts")
     p.add_argument("--bf16-check", action="store_true", help="report bf16 vs fp32 actions on the tiny preset (CPU)")
     p.add_argument("--out", default=None, help="output directory (default bench/results/<timestamp>-<host>)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    a.device = resolve_device(a.device)
+    a.compile = resolve_compile(a.compile, a.device)
+    return a
 
 
 def main(argv=None) -> int:
