@@ -318,7 +318,7 @@ class Pi05Model(nn.Module):
     def _logits(self, h: Tensor) -> Tensor:
         # h [B, W] -> fp32 logits [B, V] through the final norm and the tied LM head
         h = self.vlm.norm(h)
-        return F.linear(cast(h, self.lm_head.weight.dtype), self.lm_head.weight).float()
+        return cast(F.linear(cast(h, self.lm_head.weight.dtype), self.lm_head.weight), torch.float32)
 
     # ---- masks ---------------------------------------------------------------------------------------------------
     def prefix_attention_mask(self, image_masks: Tensor, token_masks: Tensor) -> Tensor:
@@ -439,7 +439,7 @@ class Pi05Model(nn.Module):
         t = 1.0 + dt * torch.arange(S, dtype=torch.float64, device=noise.device)     # [S]: 1, 1 - 1/S, ..., 1/S
         mods = self.expert.modulations(self.time_condition(t.float()), self.dtype)    # 2 NL + 1 x 3 x [S, 1, We]
         per_step = list(zip(*[zip(*(m.unbind(0) for m in mod)) for mod in mods]))    # S x (2 NL + 1) x 3 x [1, We]
-        x = noise.float()
+        x = cast(noise, torch.float32)
         for s in range(S):
             x = x + dt * self._velocity(prefix, x, per_step[s], rope, bias, kv_hook)
         return x
@@ -471,7 +471,7 @@ class Pi05Model(nn.Module):
         x = cast(self.action_in_proj(cast(x_t, self.action_in_proj.weight.dtype)), self.dtype)   # [B, H, We]
         _, h, _, _ = self._layers(None, x, mods, rope, mask, past_k=prefix.k, past_v=prefix.v, kv_hook=kv_hook)
         h, _ = self.expert.norm(h, mods[-1])
-        return self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)).float()
+        return cast(self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)), torch.float32)
 
     @torch.no_grad()
     def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
