@@ -114,6 +114,7 @@ class Engine:
         self.max_prompt_tokens = config.max_prompt_tokens or self.cfg.max_token_len
         self.S = config.denoise_steps or self.cfg.num_denoise_steps
         self.pool = pool or self._make_pool()
+        self._image_stage = None                 # host buffer of the frame's images (see _frame_inputs)
         max_context = config.compile_max_context or (self.cfg.num_image_tokens + max(self.cfg.max_token_len,
                                                                                      self.max_prompt_tokens)
                                                      + config.max_new_tokens)
@@ -254,11 +255,17 @@ class Engine:
 
     # ------------------------------------------------------------------ processor adapters
     def _frame_inputs(self, observation):
-        """-> (images [1,C,3,S,S], image_masks [1,C], tokens [1,L], token_masks [1,L]) on the model device."""
-        mi = self.processor.prepare(observation)
+        """-> (images [1,C,3,S,S], image_masks [1,C], tokens [1,L], token_masks [1,L]) on the model device.  The
+        images are written into one host buffer kept for the engine's life (pinned on CUDA, so the copy to the
+        device is asynchronous; the next frame writes it only after the cycle-start synchronisation)."""
+        dev = self.device
+        if self._image_stage is None:
+            cfg = self.cfg
+            self._image_stage = torch.empty(1, cfg.num_cameras, 3, cfg.image_size, cfg.image_size,
+                                            pin_memory=dev.type == "cuda")
+        mi = self.processor.prepare(observation, images_out=self._image_stage)
         if mi.truncated:
             self._metrics.count("truncated_action_prompts")
-        dev = self.device
         return (mi.images.to(dev, non_blocking=True), mi.image_masks.to(dev), mi.tokens.to(dev),
                 mi.token_masks.to(dev))
 
@@ -449,8 +456,9 @@ class Engine:
         return sample_actions_rtc(self.model, prefix, noise, self.S, target, weights, rtc.max_guidance_weight)
 
     def _first_token(self, logits_row: torch.Tensor, position: int, sampling) -> int:
-        sp = None if sampling is None else [sampling]
-        return int(sample_tokens(logits_row[None].float(), sp,
+        if sampling is None or sampling.temperature <= 0:        # greedy: no position tensor to build
+            return int(logits_row.argmax())
+        return int(sample_tokens(logits_row[None].float(), [sampling],
                                  torch.tensor([position], dtype=torch.long, device=logits_row.device))[0])
 
     def _reject_or_wait(self, decisions, cands, cs: _CycleState, fi: int):

@@ -54,12 +54,14 @@ def op_counts(fn, device) -> dict:
 @torch.no_grad()
 def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Optional[int] = None,
                    block_size: int = 16) -> dict:
-    """op_counts of one denoise step (one S-step sample_actions / S) and of one decode step at ``batch`` rows."""
+    """op_counts of one prefill, one denoise step (one S-step sample_actions / S) and one decode step at ``batch``
+    rows."""
     dev = next(model.parameters()).device
     cfg = model.cfg
     mi = processor.prepare(obs)
     args = (mi.images.to(dev), mi.image_masks.to(dev), mi.tokens.to(dev), mi.token_masks.to(dev))
     pre = model.prefill(*args, want_logits=True)
+    prefill = op_counts(lambda: model.prefill(*args, want_logits=True), dev)
     noise = torch.zeros((1, cfg.action_horizon, cfg.action_dim), device=dev)
     den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
     pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
@@ -77,7 +79,7 @@ def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Option
     dec = op_counts(lambda: model.decode(DecodeBatch(ids, pos, w, r, m), pool), dev)
     for st in rows:
         kv.finish(st, "length")
-    return {"denoise_step": {k: v / S for k, v in den.items()}, f"decode_step_b{batch}": dec}
+    return {"prefill": prefill, "denoise_step": {k: v / S for k, v in den.items()}, f"decode_step_b{batch}": dec}
 
 
 @torch.no_grad()
