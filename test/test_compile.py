@@ -176,6 +176,24 @@ def test_engine_compile_setting_and_fallback(iso):
     assert eng2.metrics()["compile"] == "none"
 
 
+def test_denoise_step_compiles_alone_and_equals_eager(iso):
+    """inductor-graphs compiles one denoise step (fullgraph, one graph for every step) and captures the S-step call
+    around it on a GPU; here the same step compiled with inductor and run S times by sample_actions gives the eager
+    chunk, and a second call reuses the graph (no recompilation for new step inputs)."""
+    model, proc, _ = iso
+    cfg = model.cfg
+    step = torch.compile(model.denoise_step, fullgraph=True, dynamic=False)
+    mi = proc.prepare(frames(cfg, 1)[0])
+    graphs = []
+    with torch.no_grad():
+        prefix = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+        for noise in noises(cfg, 2, seed=5):
+            a, b = model.sample_actions(prefix, noise, step=step), model.sample_actions(prefix, noise)
+            assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1]                    # the second call's S steps compiled nothing new
+
+
 @pytest.mark.parametrize("mode", ["cudagraphs", "inductor-graphs"])
 def test_graph_modes_on_cpu_use_inductor(mode):
     cfg = small_cfg()

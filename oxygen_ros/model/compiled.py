@@ -23,7 +23,9 @@ CUDA graphs per shape, managed by torch's cudagraph trees; the KV pool tensors a
 writes are captured; outputs are cloned before the next replay can overwrite them); ``inductor-graphs`` =
 ``torch.compile(mode="max-autotune-no-cudagraphs")`` (tuned GEMM / fused elementwise kernels) captured in this
 file's own ``torch.cuda.CUDAGraph`` per shape (``CapturedGraph``: a call copies its inputs into the graph's static
-buffers and replays, no guard checks or tree bookkeeping on the host; the KV pool is used in place).  Both graph
+buffers and replays, no guard checks or tree bookkeeping on the host; the KV pool is used in place; for the actions
+only ``Pi05Model.denoise_step`` is compiled - one step, not S unrolled ones - and the whole S-step call is captured
+around it, so the S steps are still one graph replay).  Both graph
 modes need CUDA; on another device they run as ``inductor`` with a warning.  A compile failure turns the whole
 wrapper eager with a warning (never a dead node).  ``none`` is the identity (the model's own eager methods).
 """
@@ -194,6 +196,7 @@ class CompiledModel:
         self._graphs: dict = {}                 # key -> compiled callable (present = warmed)
         self._pools: set = set()                # pools the decode graphs were warmed for (see _pool_key)
         self._mempool = torch.cuda.graph_pool_handle() if mode == "inductor-graphs" else None   # shared by graphs
+        self._step = None                       # inductor-graphs: the compiled denoise step
         self.eager_calls: dict[str, int] = {}
         self.report = CompileReport(self.mode, self.requested)
 
@@ -210,10 +213,15 @@ class CompiledModel:
 
     def _graph_fns(self):
         m = self.model
+        if self.mode == "inductor-graphs":      # one compiled step; the capture records all S of them
+            step = self._step = self._step or self._compile(m.denoise_step)
+            actions = lambda p, noise: m.sample_actions(p, noise, self.S, step=step)  # noqa: E731
+        else:
+            actions = lambda p, noise: m.sample_actions(p, noise, self.S)  # noqa: E731
         return {
             "prefill": lambda *a: m.prefill(*a, want_logits=True),
             "extend": lambda p, t, tm: m.extend_prefix(p, t, tm, want_logits=True),
-            "actions": lambda p, noise: m.sample_actions(p, noise, self.S),
+            "actions": actions,
             "decode": lambda ids, pos, ws, rs, rm, k, v: m.decode_step(ids, pos, ws, rs, rm, k, v, None),
             "decode_sampled": lambda ids, pos, ws, rs, rm, k, v, s: m.decode_step(ids, pos, ws, rs, rm, k, v, s),
         }
@@ -248,7 +256,7 @@ class CompiledModel:
         return pool.k[0].data_ptr() if self.mode in GRAPH_MODES else "any"
 
     def _warm(self, key, fn, *args, static=()):
-        g = self._compile(fn)
+        g = fn if self.mode == "inductor-graphs" and key[0] == "actions" else self._compile(fn)
         t = time.perf_counter()
         if self.mode == "inductor-graphs":
             g = CapturedGraph(g, args, static, self._mempool)
@@ -344,7 +352,7 @@ class CompiledModel:
     def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
                 want_logits: bool = False) -> Prefix:
         B, L = tokens.shape
-        Bb, Lb = _bucket(B, self.batch_sizes), _bucket(L, self.prompt_lens)
+        Bb, Lb = _bucket(B, (1,) + self.batch_sizes), _bucket(L, self.prompt_lens)   # batch 1 always has a graph
         key = ("prefill", Bb, Lb)
         if self.mode == "none" or Bb is None or Lb is None or key not in self._graphs:
             self._eager("prefill") if self.mode != "none" else None

@@ -411,12 +411,13 @@ class Pi05Model(nn.Module):
         return out
 
     @torch.no_grad()
-    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None) -> Tensor:
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None, step=None) -> Tensor:
         """noise [B, H, A] -> actions [B, H, A] (fp32) by S Euler steps from t=1 to t=0 (dt = -1/S, x += dt * v).
         The H action tokens attend the valid prefix and each other; their positions continue at next_position.
         The prefix KV is only read (a batch-1 prefix broadcasts to B).  Everything that does not depend on x - the
         positions, attention bias and RoPE tables, the S time conditions and every adaRMSNorm's modulation for them
-        - is computed once here; a step is the layers' matrix work and elementwise ops only (no host reads)."""
+        - is computed once here; a step (``denoise_step``, or ``step``: e.g. that method compiled alone, see
+        model/compiled.py's inductor-graphs) is the layers' matrix work and elementwise ops only (no host reads)."""
         S = num_steps or self.cfg.num_denoise_steps
         B, H, _ = noise.shape
         prefix = prefix.expand(B)
@@ -429,20 +430,28 @@ class Pi05Model(nn.Module):
                 for k in prefix.k]
         vbuf = [torch.cat([cast(v, self.dtype), v.new_empty(B, H, *v.shape[2:], dtype=self.dtype)], 1)
                 for v in prefix.v]
-
-        def kv_hook(l, k, v):
-            kbuf[l][:, P:] = k
-            vbuf[l][:, P:] = v
-            return kbuf[l], vbuf[l]
-
+        step = step or self.denoise_step
         dt = -1.0 / S
         t = 1.0 + dt * torch.arange(S, dtype=torch.float64, device=noise.device)     # [S]: 1, 1 - 1/S, ..., 1/S
         mods = self.expert.modulations(self.time_condition(t.float()), self.dtype)    # 2 NL + 1 x 3 x [S, 1, We]
         per_step = list(zip(*[zip(*(m.unbind(0) for m in mod)) for mod in mods]))    # S x (2 NL + 1) x 3 x [1, We]
         x = cast(noise, torch.float32)
         for s in range(S):
-            x = x + dt * self._velocity(prefix, x, per_step[s], rope, bias, kv_hook)
+            x = step(x, per_step[s], rope, bias, kbuf, vbuf, P, dt)
         return x
+
+    def denoise_step(self, x: Tensor, mods, rope: tuple[Tensor, Tensor], bias: Tensor, kbuf: list[Tensor],
+                     vbuf: list[Tensor], prefix_len: int, dt: float) -> Tensor:
+        """One Euler step of ``sample_actions``: x [B, H, A] fp32 -> x + dt * v(x), with the step's modulations,
+        the call's RoPE tables and bias; the H action tokens' K/V go to ``kbuf[l][:, prefix_len:]`` /
+        ``vbuf[l][:, prefix_len:]`` (the call's [prefix | suffix] buffers NL x [B, P+H, Hkv, D]), which are read
+        whole.  A pure tensor function of its inputs (what inductor-graphs compiles once and replays S times)."""
+        def kv_hook(l, k, v):
+            kbuf[l][:, prefix_len:] = k
+            vbuf[l][:, prefix_len:] = v
+            return kbuf[l], vbuf[l]
+
+        return x + dt * self._velocity(x, mods, rope, bias, kv_hook=kv_hook)
 
     def action_attention(self, prefix: Prefix, H: int) -> tuple[Tensor, Tensor]:
         """For H action tokens on ``prefix`` (batch B): their positions [B, H] (continuing at next_position) and the
@@ -464,12 +473,13 @@ class Pi05Model(nn.Module):
         if positions is None or mask is None:
             positions, mask = self.action_attention(prefix, H)
         mods = self.expert.modulations(self.time_condition(t), self.dtype)                      # [B, 1, We]
-        return self._velocity(prefix, x_t, mods, self.rope(positions), mask, kv_hook)
+        return self._velocity(x_t, mods, self.rope(positions), mask, prefix.k, prefix.v, kv_hook)
 
-    def _velocity(self, prefix: Prefix, x_t: Tensor, mods, rope, mask: Tensor, kv_hook=None) -> Tensor:
-        # x_t [B, H, A] -> velocity [B, H, A] fp32 with precomputed modulations / RoPE tables / mask or bias
+    def _velocity(self, x_t: Tensor, mods, rope, mask: Tensor, past_k=None, past_v=None, kv_hook=None) -> Tensor:
+        # x_t [B, H, A] -> velocity [B, H, A] fp32 with precomputed modulations / RoPE tables / mask or bias, over the
+        # prefix K/V past_k / past_v (or what kv_hook returns)
         x = cast(self.action_in_proj(cast(x_t, self.action_in_proj.weight.dtype)), self.dtype)   # [B, H, We]
-        _, h, _, _ = self._layers(None, x, mods, rope, mask, past_k=prefix.k, past_v=prefix.v, kv_hook=kv_hook)
+        _, h, _, _ = self._layers(None, x, mods, rope, mask, past_k=past_k, past_v=past_v, kv_hook=kv_hook)
         h, _ = self.expert.norm(h, mods[-1])
         return cast(self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)), torch.float32)
 

@@ -53,7 +53,7 @@ def op_counts(fn, device) -> dict:
 
 @torch.no_grad()
 def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Optional[int] = None,
-                   block_size: int = 16) -> dict:
+                   block_size: int = 16, pool: Optional[KVPool] = None) -> dict:
     """op_counts of one prefill, one denoise step (one S-step sample_actions / S) and one decode step at ``batch``
     rows."""
     dev = next(model.parameters()).device
@@ -64,8 +64,9 @@ def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Option
     prefill = op_counts(lambda: model.prefill(*args, want_logits=True), dev)
     noise = torch.zeros((1, cfg.action_horizon, cfg.action_dim), device=dev)
     den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
-    pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
-                              block_size=block_size, dtype=model.dtype, device=dev)   # the run's pool: graphs reused
+    if pool is None:                                  # the run's pool shape (a compiled run passes its pool)
+        pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
+                                  block_size=block_size, dtype=model.dtype, device=dev)
     if isinstance(model, CompiledModel):
         model.warmup(pool)
     kv = KVCacheManager(pool, max_batch=batch)
