@@ -3,7 +3,9 @@
 This file owns how the node is launched on a ROS 2 install.  Arguments (all optional):
   checkpoint          pi0.5 checkpoint directory ("" = the params file's value; random weights of `preset` if none)
   preset              tiny | bench-cpu | demo | pi05 when no checkpoint ("" = the params file's value, default tiny)
-  device              cpu | cuda | cuda:N | auto ("" = params file)
+  device              auto | cpu | cuda | cuda:N ("" = params file: auto = cuda when available, else cpu)
+  compile             auto | none | inductor | cudagraphs | inductor-graphs ("" = params file: auto = cudagraphs
+                      on CUDA, eager elsewhere)
   params_file         parameter YAML (default: <share>/oxygen_ros/config/oxygen.yaml)
   namespace           node namespace; relative topics (camera/..., action_chunk, ...) move with it
   camera_base, camera_left_wrist, camera_right_wrist
@@ -23,7 +25,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-_OVERRIDES = ("checkpoint", "preset", "device", "stamp_source")
+_OVERRIDES = ("checkpoint", "preset", "device", "compile", "stamp_source")
 _BOOL_OVERRIDES = ("use_sim_time", "autostart")
 _CAMERAS = {"camera_base": "camera/base/image_raw", "camera_left_wrist": "camera/left_wrist/image_raw",
             "camera_right_wrist": "camera/right_wrist/image_raw"}
@@ -55,7 +57,9 @@ def generate_launch_description():
     args = [
         DeclareLaunchArgument("checkpoint", default_value="", description="pi0.5 checkpoint directory"),
         DeclareLaunchArgument("preset", default_value="", description="tiny | bench-cpu | demo | pi05 (no checkpoint)"),
-        DeclareLaunchArgument("device", default_value="", description="cpu | cuda | cuda:N | auto"),
+        DeclareLaunchArgument("device", default_value="", description="auto | cpu | cuda | cuda:N"),
+        DeclareLaunchArgument("compile", default_value="", description="auto | none | inductor | cudagraphs | "
+                                                                      "inductor-graphs"),
         DeclareLaunchArgument("params_file", default_value=default_params, description="parameter YAML"),
         DeclareLaunchArgument("namespace", default_value="", description="node namespace"),
         DeclareLaunchArgument("use_sim_time", default_value="", description="follow /clock (\"\" = params file)"),

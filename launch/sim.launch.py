@@ -10,6 +10,7 @@ MuJoCo ALOHA: cameras, joint_states, /clock, episodes; executes joint_trajectory
   clock               realtime | lockstep (see sim_node);  real_time_factor (realtime), delay_steps (lockstep)
   camera_rate_hz, camera_size, execute (joint_trajectory | action_chunk)
   engine_mode         oxygen | shared | isolated ("" = params file)
+  device, compile     the policy's device and hot path ("" = params file: auto = CUDA + cudagraphs when present)
   log_level           ROS log level of both nodes
 """
 from launch import LaunchDescription
@@ -20,7 +21,7 @@ from launch_ros.substitutions import FindPackageShare
 
 _SIM = {"task": str, "seed": int, "episodes": int, "clock": str, "real_time_factor": float, "delay_steps": int,
         "camera_rate_hz": float, "camera_size": int, "execute": str}
-_POLICY = ("checkpoint", "preset", "engine_mode")
+_POLICY = ("checkpoint", "preset", "engine_mode", "device", "compile")
 
 
 def _nodes(context, *args, **kwargs):

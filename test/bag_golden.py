@@ -24,8 +24,10 @@ DATA = REPO / "test" / "data" / "bag_eval"
 INPUT = DATA / "input"
 GOLDEN = DATA / "golden_tiny"
 CONFIG = REPO / "config" / "oxygen.yaml"
-# on top of config/oxygen.yaml: short answers that finish inside the bag, a memory entry every second
-OVERRIDES = ("preset:=tiny", "checkpoint:=''", "seed:=0", "memory_interval_s:=1.0", "max_new_tokens:=16")
+# on top of config/oxygen.yaml: the CPU, eager (the shipped `auto` takes a GPU where there is one), short answers that
+# finish inside the bag, a memory entry every second
+OVERRIDES = ("device:=cpu", "compile:=none", "preset:=tiny", "checkpoint:=''", "seed:=0", "memory_interval_s:=1.0",
+             "max_new_tokens:=16")
 # Action tolerance (robot units, |a - b| <= ATOL) for the golden comparison.  Reruns on one machine are
 # bit-identical; changing the torch thread count (another reduction order, the kind of difference another CPU's
 # kernels make) moved actions by at most 4.8e-7 here (200x margin), while deliberate changes moved them by 8.8e-4

@@ -62,11 +62,13 @@ def require_ros():
 
 
 class NodeProcess(harness.NodeProcess):
-    """The harness's node process with the tests' defaults: ``config/oxygen.yaml``, run from the repository, log
-    appended (a restarted node keeps writing to the same file)."""
+    """The harness's node process with the tests' defaults: ``config/oxygen.yaml`` on the CPU, eager (the shipped
+    ``auto`` would take a GPU and compile where there is one), run from the repository, log appended (a restarted
+    node keeps writing to the same file)."""
 
     def __init__(self, log_path: Path, params: dict | None = None, **kw):
-        super().__init__(log_path, params, CONFIG, append=True, cwd=str(REPO), **kw)
+        super().__init__(log_path, {"device": "cpu", "compile": "none", **(params or {})}, CONFIG, append=True,
+                         cwd=str(REPO), **kw)
 
 
 def start_replay(bag, log_path: Path, *extra) -> subprocess.Popen:

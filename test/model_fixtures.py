@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-# A zero-stride view kept for key compatibility; the forward never reads it (see UnusedLMHead in pi05.py).
+# A zero-stride view kept for key compatibility; the forward never reads it (see UnusedLMHead in layers.py).
 UNUSED = ("paligemma_with_expert.gemma_expert.lm_head.weight",)
+TIED = "paligemma_with_expert.paligemma.lm_head.weight"          # the same tensor as embed_tokens.weight
 
 
 def _is_piecewise_constant(p: torch.Tensor) -> bool:
@@ -22,10 +23,12 @@ def _is_piecewise_constant(p: torch.Tensor) -> bool:
 
 
 def neutral_parameters(model) -> list[str]:
-    """Parameters (but the unused expert lm_head) that are (piecewise) constant or equal to another parameter."""
+    """openpi's tensors (``state_dict``: the model's fused Q/K/V and gate/up matrices count as their separate parts),
+    but the unused expert lm_head and the tied head's second name, that are (piecewise) constant or equal to another
+    one."""
     found, by_shape = [], {}
-    for name, p in model.named_parameters():
-        if name in UNUSED:
+    for name, p in model.state_dict().items():
+        if name in UNUSED or name == TIED:
             continue
         if _is_piecewise_constant(p):
             found.append(name)

@@ -1,7 +1,8 @@
 """An independent, naive reference of the pi0.5 architecture as specified (``/work/shared/reference/pi05.md``,
 ``ARCHITECTURE.md``), for the numerical tests of ``oxygen_ros/model/pi05.py``.
 
-It reads the model's *weights* (its parameters, by their openpi names) but none of its forward code: SigLIP with
+It reads the model's *weights* (``model.state_dict()``, by openpi's names: the model's fused Q/K/V and gate/up
+matrices show there as openpi's separate tensors) but none of its forward code: SigLIP with
 ``F.layer_norm`` / eager softmax attention, RMSNorm ``x / sqrt(mean(x^2) + eps) * (1 + w)``, adaRMSNorm (scale, shift,
 gate), RoPE written with complex numbers (the model uses the rotate-half form), eager attention over one
 [images | prompt | generated | actions] sequence with repeated KV heads and an explicit per-token mask built from a
@@ -12,6 +13,7 @@ T sequence length, H action horizon, A action dim, V vocab, Hq/Hkv query/KV head
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -19,31 +21,48 @@ import torch.nn.functional as F
 IMG, TXT, GEN, ACT = 0, 1, 2, 3
 
 
+class Weights:
+    """openpi-named weights: ``Weights(model)["...layers.0.self_attn.q_proj"]`` -> a module-like view with
+    ``.weight`` / ``.bias`` (None when absent), read from ``model.state_dict(keep_vars=True)`` (so that gradients
+    flow to the model's parameters, e.g. in the gradient tests)."""
+
+    def __init__(self, model):
+        self.sd = model.state_dict(keep_vars=True)
+
+    def __getitem__(self, name):
+        return SimpleNamespace(weight=self.sd.get(name + ".weight"), bias=self.sd.get(name + ".bias"))
+
+
 def _lin(x, m):
     return F.linear(x, m.weight, m.bias)
 
 
-def siglip(model, pixels):
+def siglip(model, pixels, W=None):
     """pixels [n, 3, S, S] -> projected image features [n, N, W]."""
-    vm = model.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+    W = W or Weights(model)
+    vm = "paligemma_with_expert.paligemma.model.vision_tower.vision_model."
     cfg = model.cfg.vision
-    x = F.conv2d(pixels, vm.embeddings.patch_embedding.weight, vm.embeddings.patch_embedding.bias,
-                 stride=cfg.patch_size)
-    x = x.flatten(2).transpose(1, 2) + vm.embeddings.position_embedding.weight
+    pe = W[vm + "embeddings.patch_embedding"]
+    x = F.conv2d(pixels, pe.weight, pe.bias, stride=cfg.patch_size)
+    x = x.flatten(2).transpose(1, 2) + W[vm + "embeddings.position_embedding"].weight
     nh, hd = cfg.num_heads, cfg.width // cfg.num_heads
-    for layer in vm.encoder.layers:
-        h = F.layer_norm(x, (cfg.width,), layer.layer_norm1.weight, layer.layer_norm1.bias, cfg.layer_norm_eps)
-        a = layer.self_attn
+
+    def ln(name, x):
+        return F.layer_norm(x, (cfg.width,), W[name].weight, W[name].bias, cfg.layer_norm_eps)
+
+    for i in range(cfg.depth):
+        p = f"{vm}encoder.layers.{i}."
+        h = ln(p + "layer_norm1", x)
         n, T, _ = h.shape
-        q = _lin(h, a.q_proj).view(n, T, nh, hd).transpose(1, 2)
-        k = _lin(h, a.k_proj).view(n, T, nh, hd).transpose(1, 2)
-        v = _lin(h, a.v_proj).view(n, T, nh, hd).transpose(1, 2)
+        q = _lin(h, W[p + "self_attn.q_proj"]).view(n, T, nh, hd).transpose(1, 2)
+        k = _lin(h, W[p + "self_attn.k_proj"]).view(n, T, nh, hd).transpose(1, 2)
+        v = _lin(h, W[p + "self_attn.v_proj"]).view(n, T, nh, hd).transpose(1, 2)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
-        x = x + _lin((att @ v).transpose(1, 2).reshape(n, T, -1), a.out_proj)
-        h = F.layer_norm(x, (cfg.width,), layer.layer_norm2.weight, layer.layer_norm2.bias, cfg.layer_norm_eps)
-        x = x + _lin(F.gelu(_lin(h, layer.mlp.fc1), approximate="tanh"), layer.mlp.fc2)
-    x = F.layer_norm(x, (cfg.width,), vm.post_layernorm.weight, vm.post_layernorm.bias, cfg.layer_norm_eps)
-    return _lin(x, model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear)
+        x = x + _lin((att @ v).transpose(1, 2).reshape(n, T, -1), W[p + "self_attn.out_proj"])
+        h = ln(p + "layer_norm2", x)
+        x = x + _lin(F.gelu(_lin(h, W[p + "mlp.fc1"]), approximate="tanh"), W[p + "mlp.fc2"])
+    x = ln(vm + "post_layernorm", x)
+    return _lin(x, W["paligemma_with_expert.paligemma.model.multi_modal_projector.linear"])
 
 
 def rms(x, eps=1e-6):
@@ -60,13 +79,14 @@ def rope(x, pos, theta=10000.0):
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
 
-def time_cond(model, t):
+def time_cond(model, t, W=None):
+    W = W or Weights(model)
     We = model.cfg.expert.width
     frac = torch.linspace(0, 1, We // 2, dtype=torch.float64)
     period = 4e-3 * (4.0 / 4e-3) ** frac
     ang = 2 * math.pi / period * t
     emb = torch.cat([torch.sin(ang), torch.cos(ang)]).float()
-    return F.silu(_lin(F.silu(_lin(emb, model.time_mlp_in)), model.time_mlp_out))
+    return F.silu(_lin(F.silu(_lin(emb, W["time_mlp_in"])), W["time_mlp_out"]))
 
 
 def build_mask(types, valid, mode):
@@ -101,12 +121,14 @@ def joint_forward(model, images, image_masks, tokens, token_masks, gen_tokens=()
     cfg = model.cfg
     mode = mode or cfg.prefix_attention
     C, N = cfg.num_cameras, cfg.image_tokens_per_camera
-    W = cfg.vlm.width
-    img = siglip(model, images)                                                  # [C, N, W]
-    emb = model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight
+    Wd = cfg.vlm.width
+    W = Weights(model)
+    img = siglip(model, images, W)                                               # [C, N, W]
+    lm, ex = "paligemma_with_expert.paligemma.model.language_model.", "paligemma_with_expert.gemma_expert.model."
+    emb = W[lm + "embed_tokens"].weight
     all_tok = torch.cat([tokens, torch.tensor(list(gen_tokens), dtype=torch.long)])
-    txt = emb[all_tok] * math.sqrt(W)
-    x_vlm = torch.cat([img.reshape(C * N, W), txt])
+    txt = emb[all_tok] * math.sqrt(Wd)
+    x_vlm = torch.cat([img.reshape(C * N, Wd), txt])
     types = [IMG] * (C * N) + [TXT] * len(tokens) + [GEN] * len(gen_tokens)
     valid = [bool(image_masks[c]) for c in range(C) for _ in range(N)] + [bool(v) for v in token_masks] + \
         [True] * len(gen_tokens)
@@ -116,32 +138,30 @@ def joint_forward(model, images, image_masks, tokens, token_masks, gen_tokens=()
         H = x_t.shape[0]
         types += [ACT] * H
         valid += [True] * H
-        cond = time_cond(model, t)
-        x_exp = _lin(x_t, model.action_in_proj)
+        cond = time_cond(model, t, W)
+        x_exp = _lin(x_t, W["action_in_proj"])
     vt = torch.tensor(valid)
     pos = torch.cumsum(vt.long(), 0) - 1
     mask = build_mask(types, valid, mode)
     Hq, Hkv, D = cfg.vlm.num_heads, cfg.vlm.num_kv_heads, cfg.vlm.head_dim
-    pwe = model.paligemma_with_expert
-    lm, ex = pwe.paligemma.model.language_model, pwe.gemma_expert.model
     prefix_k = []
 
     def ada(norm, x):
-        mod = _lin(cond, norm.dense)
+        mod = _lin(cond, W[norm + ".dense"])
         s, b, g = mod.chunk(3)
         return rms(x) * (1 + s) + b, g
 
     for l in range(cfg.num_layers):
-        L1, L2 = lm.layers[l], ex.layers[l]
-        hv = rms(x_vlm) * (1 + L1.input_layernorm.weight)
-        q = [L1.self_attn.q_proj(hv)]
-        k = [L1.self_attn.k_proj(hv)]
-        v = [L1.self_attn.v_proj(hv)]
+        L1, L2 = f"{lm}layers.{l}.", f"{ex}layers.{l}."
+        hv = rms(x_vlm) * (1 + W[L1 + "input_layernorm"].weight)
+        q = [_lin(hv, W[L1 + "self_attn.q_proj"])]
+        k = [_lin(hv, W[L1 + "self_attn.k_proj"])]
+        v = [_lin(hv, W[L1 + "self_attn.v_proj"])]
         if H:
-            he, g_att = ada(L2.input_layernorm, x_exp)
-            q.append(L2.self_attn.q_proj(he))
-            k.append(L2.self_attn.k_proj(he))
-            v.append(L2.self_attn.v_proj(he))
+            he, g_att = ada(L2 + "input_layernorm", x_exp)
+            q.append(_lin(he, W[L2 + "self_attn.q_proj"]))
+            k.append(_lin(he, W[L2 + "self_attn.k_proj"]))
+            v.append(_lin(he, W[L2 + "self_attn.v_proj"]))
         T = Tv + H
         q = rope(torch.cat(q).view(T, Hq, D), pos)
         k = rope(torch.cat(k).view(T, Hkv, D), pos)
@@ -152,19 +172,22 @@ def joint_forward(model, images, image_masks, tokens, token_masks, gen_tokens=()
         scores = torch.einsum("thd,shd->hts", q, k_rep) / math.sqrt(D)
         scores = scores.masked_fill(~mask[None], float("-inf"))
         out = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), v_rep).reshape(T, Hq * D)
-        x_vlm = x_vlm + L1.self_attn.o_proj(out[:Tv])
-        h = rms(x_vlm) * (1 + L1.post_attention_layernorm.weight)
-        x_vlm = x_vlm + L1.mlp.down_proj(F.gelu(L1.mlp.gate_proj(h), approximate="tanh") * L1.mlp.up_proj(h))
+        def mlp(p, h):
+            return _lin(F.gelu(_lin(h, W[p + "mlp.gate_proj"]), approximate="tanh") * _lin(h, W[p + "mlp.up_proj"]),
+                        W[p + "mlp.down_proj"])
+
+        x_vlm = x_vlm + _lin(out[:Tv], W[L1 + "self_attn.o_proj"])
+        h = rms(x_vlm) * (1 + W[L1 + "post_attention_layernorm"].weight)
+        x_vlm = x_vlm + mlp(L1, h)
         if H:
-            x_exp = x_exp + g_att * L2.self_attn.o_proj(out[Tv:])
-            h, g_mlp = ada(L2.post_attention_layernorm, x_exp)
-            x_exp = x_exp + g_mlp * L2.mlp.down_proj(F.gelu(L2.mlp.gate_proj(h), approximate="tanh")
-                                                       * L2.mlp.up_proj(h))
-    logits = (rms(x_vlm) * (1 + lm.norm.weight)) @ emb.T
+            x_exp = x_exp + g_att * _lin(out[Tv:], W[L2 + "self_attn.o_proj"])
+            h, g_mlp = ada(L2 + "post_attention_layernorm", x_exp)
+            x_exp = x_exp + g_mlp * mlp(L2, h)
+    logits = (rms(x_vlm) * (1 + W[lm + "norm"].weight)) @ emb.T
     vel = None
     if H:
-        h, _ = ada(ex.norm, x_exp)
-        vel = _lin(h, model.action_out_proj)
+        h, _ = ada(ex + "norm", x_exp)
+        vel = _lin(h, W["action_out_proj"])
     return logits, vel, torch.stack(prefix_k)
 
 

@@ -43,7 +43,7 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     "make-bag": (["{tmp}/bag", "--duration", "0.5", "--fps", "5", "--width", "64", "--height", "48"],
                  ["bag/metadata.yaml"]),
     "replay": (["{input}", "--duration", "0.5", "--wait", "0"], []),
-    "bag-eval": (["{input}", "--duration", "0.5", "--out", "{tmp}/eval", "-p", "seed:=0"],
+    "bag-eval": (["{input}", "--duration", "0.5", "--out", "{tmp}/eval", "-p", "seed:=0", "-p", "device:=cpu"],
                  ["eval/metadata.yaml", "eval/summary.json"]),
     "bag-diff": (["{golden}", "{golden}", "--plot", "{tmp}/diff.png", "--json", "{tmp}/diff.json"],
                  ["diff.png", "diff.json"]),

@@ -16,7 +16,7 @@ import torch
 from oxygen_ros.engine.engine import Engine, EngineConfig
 from oxygen_ros.kv.pool import KVPool
 from oxygen_ros.model import Processor, build_model, load_tokenizer
-from oxygen_ros.model.compiled import CompiledModel, batch_buckets
+from oxygen_ros.model.compiled import CompiledModel, batch_buckets, resolve_compile, resolve_device
 from oxygen_ros.model.pi05 import DecodeBatch, SamplingParams
 from test_engine import SCHEDULE, Run, _assert_same, frames, noises, small_cfg
 
@@ -176,20 +176,99 @@ def test_engine_compile_setting_and_fallback(iso):
     assert eng2.metrics()["compile"] == "none"
 
 
-def test_cudagraphs_on_cpu_uses_inductor():
+def test_denoise_step_compiles_alone_and_equals_eager(iso):
+    """inductor-graphs compiles one denoise step (fullgraph, one graph for every step) and captures the S-step call
+    around it on a GPU; here the same step compiled with inductor and run S times by sample_actions gives the eager
+    chunk, and a second call reuses the graph (no recompilation for new step inputs)."""
+    model, proc, _ = iso
+    cfg = model.cfg
+    step = torch.compile(model.denoise_step, fullgraph=True, dynamic=False)
+    mi = proc.prepare(frames(cfg, 1)[0])
+    graphs = []
+    with torch.no_grad():
+        prefix = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+        for noise in noises(cfg, 2, seed=5):
+            a, b = model.sample_actions(prefix, noise, step=step), model.sample_actions(prefix, noise)
+            assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1]                    # the second call's S steps compiled nothing new
+
+
+@pytest.mark.parametrize("mode", ["cudagraphs", "inductor-graphs"])
+def test_graph_modes_on_cpu_use_inductor(mode):
     cfg = small_cfg()
     model = build_model(cfg, seed=3)
     with pytest.warns(UserWarning, match="needs a CUDA device"):
-        cm = CompiledModel(model, "cudagraphs", max_batch=1)
-    assert cm.mode == "inductor" and cm.requested == "cudagraphs"
+        cm = CompiledModel(model, mode, max_batch=1)
+    assert cm.mode == "inductor" and cm.requested == mode
     with pytest.raises(ValueError):
         EngineConfig(compile="tensorrt")
 
 
+def test_auto_resolves_to_cuda_and_cudagraphs_only_where_cuda_is(iso, monkeypatch):
+    """``device: auto`` / ``compile: auto``: CUDA and its fastest measured path (cudagraphs) when CUDA is there, the
+    CPU and eager otherwise; an engine built with compile='auto' on the CPU is the model itself (no graphs)."""
+    assert resolve_compile("auto", "cuda") == resolve_compile("auto", "cuda:1") == "cudagraphs"
+    assert resolve_compile("auto", "cpu") == "none"
+    assert resolve_compile("inductor", "cuda") == "inductor" and resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="compile"):
+        resolve_compile("tensorrt", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device("") == "cpu" and resolve_compile("auto", "auto") == "none"
+    model, proc, _ = iso
+    eng = Engine(model, proc, EngineConfig(compile="auto", max_batch=MAX_BATCH, kv_block_size=BLOCK,
+                                           kv_num_blocks=NUM_BLOCKS))
+    assert eng.model is model and eng.metrics()["compile"] == "none"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_compile("auto", "auto") == "cudagraphs"
+
+
 def test_node_parameter_compile_is_validated():
     from oxygen_ros.ros.parameters import PARAMETERS, ConfigureError, Settings
-    assert Settings.from_values({}).compile == "none"                 # eager stays the default (see README)
+    assert Settings.from_values({}).compile == "auto"                 # CUDA: cudagraphs, else eager (see README)
     assert Settings.from_values({"compile": "inductor"}).compile == "inductor"
-    assert PARAMETERS["compile"][3] == ("none", "inductor", "cudagraphs")
+    assert PARAMETERS["compile"][3] == ("auto", "none", "inductor", "cudagraphs", "inductor-graphs")
     with pytest.raises(ConfigureError, match="compile"):
         Settings.from_values({"compile": "tensorrt"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a GPU check; runs on a lent device)")
+@pytest.mark.parametrize("mode", ["cudagraphs", "inductor-graphs"])
+def test_cuda_graph_frame_has_no_host_sync_and_equals_eager(mode):
+    """On a GPU, a warmed frame's model calls - prefill, the S-step sample_actions (one graph) and a batched decode
+    step - replay their CUDA graphs without one host synchronisation (``torch.cuda.set_sync_debug_mode("error")``
+    raises on any), and give the eager model's actions and logits.  The engine itself reads back what it must hand
+    to the host once per frame and per decode step (the chunk, the next token ids); this covers everything between."""
+    from oxygen_ros.engine.requests import LanguageRequest
+    from oxygen_ros.kv.cache import KVCacheManager
+    cfg = small_cfg()
+    model = build_model(cfg, device="cuda", seed=0)
+    proc = Processor(cfg, load_tokenizer(cfg))
+    eng = Engine(model, proc, EngineConfig(compile=mode, max_batch=MAX_BATCH, kv_block_size=BLOCK,
+                                           kv_num_blocks=NUM_BLOCKS))
+    st = eng.warmup()
+    assert st["compile"] == mode and st["compile_error"] == "" and st["compile_graphs"] > 0
+    cm = eng.model
+    mi = proc.prepare(frames(cfg, 1)[0])
+    args = [t.to("cuda") for t in (mi.images, mi.image_masks, mi.tokens, mi.token_masks)]
+    noise = noises(cfg, 1)[0].to("cuda")
+    pre = cm.prefill(*args, want_logits=True)
+    kv = KVCacheManager(eng.pool, max_batch=MAX_BATCH)
+    fp = kv.store_prefix(pre, 0, frame_index=0, image_positions=cfg.num_image_tokens)
+    rows = [kv.admit(LanguageRequest("subtask", "", 4), fp, shared_len=fp.length, first_token=5, max_new_tokens=4,
+                     eos_token_id=None) for _ in range(3)]
+    pos, w, r, m = kv.step_tensors(kv.plan_decode(rows, [1] * 3))
+    batch = DecodeBatch(torch.full((3,), 5, dtype=torch.long, device="cuda"), pos, w, r, m)
+    cm.sample_actions(pre, noise)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pre2 = cm.prefill(*args, want_logits=True)
+        actions = cm.sample_actions(pre2, noise)
+        out = cm.decode(batch, eng.pool)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert cm.eager_calls == {}
+    ref = model.sample_actions(model.prefill(*args, want_logits=True), noise)
+    assert float((actions - ref).abs().max() / ref.abs().max()) < 1e-4
+    assert torch.allclose(pre2.last_logits, pre.last_logits, atol=1e-5) and out.next_ids.shape == (3,)

@@ -63,7 +63,7 @@ def test_the_shipped_policy_agrees_with_the_expert_on_the_experts_states():
     import numpy as np
 
     from oxygen_ros.ros.lockstep import PipelinePolicy, sim_settings
-    model = PipelinePolicy(sim_settings(None, {"checkpoint": "demo"}))
+    model = PipelinePolicy(sim_settings(None, {"checkpoint": "demo", "device": "cpu"}))
     expert = PipelinePolicy(sim_settings(None, {"delta_action_mask": []}), expert=True)
     errs = []
 
@@ -98,7 +98,7 @@ def test_the_shipped_policy_approaches_the_named_cube_and_answers_in_closed_loop
     answers) are NOT met by this checkpoint: see checkpoints/demo/README.md for the measured rates."""
     from oxygen_ros.ros.lockstep import PipelinePolicy, sim_settings
     from oxygen_ros.tools.sim import eval as sim_eval
-    pol = PipelinePolicy(sim_settings(None, {"checkpoint": "demo"}))
+    pol = PipelinePolicy(sim_settings(None, {"checkpoint": "demo", "device": "cpu"}))
     try:
         runs = _reach_episodes(pol, (0, 1, 2))
     finally:

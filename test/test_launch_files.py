@@ -119,6 +119,8 @@ def test_oxygen_launch(load_launch):
     assert ("camera/right_wrist/image_raw", "/cam2/image") in node.kwargs["remappings"]
     (node,) = opaque[0].kwargs["function"](_defaults(declared, use_sim_time="false", autostart="False"))
     assert node.kwargs["parameters"][1] == {"use_sim_time": False, "autostart": False}
+    (node,) = opaque[0].kwargs["function"](_defaults(declared, device="cpu", compile="none"))
+    assert node.kwargs["parameters"][1] == {"device": "cpu", "compile": "none"}
 
 
 def test_replay_launch(load_launch):

@@ -205,3 +205,39 @@ def test_tower_overrides_as_dicts(tiny, tmp_path):
         load_checkpoint(tmp_path, vlm={"no_such_field": 1})
     with pytest.raises(CheckpointError, match="unknown config fields"):
         load_checkpoint(tmp_path, not_a_field=3)
+
+
+def test_fused_projections_keep_openpi_tensors(tiny):
+    """The model keeps Q/K/V (Gemma and SigLIP) and gate/up stacked in one parameter each (one GEMM), while
+    ``state_dict`` shows openpi's separate tensors - views of the stacked parameter, no copy - and
+    ``load_state_dict`` stacks them back in the right place; a missing or mis-shaped part is named in openpi's terms."""
+    lm = "paligemma_with_expert.paligemma.model.language_model.layers.0."
+    vm = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0."
+    attn, mlp = tiny.vlm.layers[0].self_attn, tiny.vlm.layers[0].mlp
+    sv = tiny.vision.encoder.layers[0].self_attn
+    sd = tiny.state_dict()
+    assert torch.equal(attn.qkv_weight, torch.cat([sd[lm + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+    assert torch.equal(mlp.gate_up_weight, torch.cat([sd[lm + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]))
+    assert torch.equal(sv.qkv_bias, torch.cat([sd[vm + f"self_attn.{n}_proj.bias"] for n in "qkv"]))
+    assert sd[lm + "self_attn.k_proj.weight"].data_ptr() != attn.qkv_weight.data_ptr()           # a view inside it
+    assert sd[lm + "self_attn.k_proj.weight"].untyped_storage().data_ptr() == attn.qkv_weight.data_ptr()
+    assert not any("qkv" in k or "gate_up" in k for k in sd)
+
+    # load: SigLIP's q and k (same shape) swapped in the file end up swapped in the stacked parameter
+    other = build_model(get_config("tiny"), seed=9)
+    swapped = dict(sd)
+    swapped[vm + "self_attn.q_proj.weight"], swapped[vm + "self_attn.k_proj.weight"] = \
+        sd[vm + "self_attn.k_proj.weight"], sd[vm + "self_attn.q_proj.weight"]
+    other.load_state_dict(swapped)
+    W = tiny.cfg.vision.width
+    ov = other.vision.encoder.layers[0].self_attn.qkv_weight
+    assert torch.equal(ov[:W], sv.qkv_weight[W:2 * W]) and torch.equal(ov[W:2 * W], sv.qkv_weight[:W])
+    assert torch.equal(ov[2 * W:], sv.qkv_weight[2 * W:])
+
+    missing = {k: v for k, v in sd.items() if k != lm + "mlp.up_proj.weight"}
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*" + (lm + "mlp.up_proj.weight").replace(".", r"\.")):
+        other.load_state_dict(missing)
+    bad = dict(sd)
+    bad[lm + "self_attn.v_proj.weight"] = torch.zeros(3, tiny.cfg.vlm.width)
+    with pytest.raises(RuntimeError, match=r"size mismatch for " + (lm + "self_attn.v_proj.weight").replace(".", r"\.")):
+        other.load_state_dict(bad)

@@ -14,6 +14,8 @@ equal transformers' own ``GemmaForCausalLM``.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -135,6 +137,16 @@ def test_every_parameter_reaches_the_outputs():
     dead = [n for n, gr in zip(names, grads) if gr is None or not bool(gr.abs().max() > 0)]
     assert dead == []
     assert len(names) == len(list(m.parameters())) - 1
+    # and per openpi tensor: every part of a fused Q/K/V or gate/up matrix gets a gradient of its own (the model's
+    # state_dict of the gradients shows them under openpi's names)
+    g_model = copy.deepcopy(m)
+    params = dict(g_model.named_parameters())
+    with torch.no_grad():
+        for n, gr in zip(names, grads):
+            params[n].copy_(gr)
+    dead_parts = [k for k, t in g_model.state_dict().items()
+                  if not k.endswith("gemma_expert.lm_head.weight") and not bool(t.abs().max() > 0)]
+    assert dead_parts == []
 
 
 # ---- actions -----------------------------------------------------------------------------------------------------

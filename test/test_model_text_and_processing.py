@@ -14,7 +14,7 @@ import torch
 
 from oxygen_ros.model import (ByteTokenizer, NormStats, Observation, Processor, SentencePieceTokenizer, build_model,
                               get_config, load_tokenizer)
-from oxygen_ros.model.processing import action_prompt, discretize_state, resize_with_pad
+from oxygen_ros.model.processing import action_prompt, discretize_state, image_to_tensor, resize_with_pad
 
 TEXTS = ["pick up the red cup", "", "ünïcödé 日本語 🙂 tab\tnew\nline", "Task: x, State: 1 2;\nAction: "]
 
@@ -114,6 +114,12 @@ def test_processor_prepare_images_prompt_masks():
     assert mi.tokens.shape == (1, cfg.max_token_len) and int(mi.token_masks.sum()) == n and not mi.truncated
     assert tok.decode(mi.tokens[0, :n].tolist()) == mi.prompt_text and mi.tokens[0, n:].eq(0).all()
     assert mi.tokens[0, 0] == tok.bos_id
+    # into a reused buffer (the engine's staging buffer) that holds an earlier frame: the same values, the masked
+    # slot zeroed, no new tensor
+    buf = torch.full((1, 3, 3, 224, 224), 7.0)
+    again = proc.prepare(obs, images_out=buf)
+    assert again.images is buf and torch.equal(buf, mi.images)
+    assert torch.equal(buf[0, 0], image_to_tensor(resize_with_pad(wide, 224, 224)))     # = the allocating form
 
 
 def test_prompt_formats_and_bins():

@@ -111,8 +111,8 @@ class LogCapture(logging.Handler):
 
 class Harness:
     def __init__(self, engine_factory=build_engine, **overrides):
-        params = {**load_params_file(CONFIG), "memory_db": "", "memory_interval_s": 0.0, "horizon": 10,
-                  "max_new_tokens": 4, **overrides}
+        params = {**load_params_file(CONFIG), "device": "cpu", "compile": "none", "memory_db": "",
+                  "memory_interval_s": 0.0, "horizon": 10, "max_new_tokens": 4, **overrides}
         self.settings = Settings.from_values(params)
         self.now = 1000 * S
         self.out = Recorder()

@@ -41,7 +41,7 @@ def test_demo_closed_loop_short_run(tmp_path):
     episode's instruction and outcome, questions answered and scored against the ground truth, both nodes exit 0,
     the video, the timeline and the summary written.  No success or rate is asserted (shared CPUs)."""
     pytest.importorskip("mujoco", reason="the simulation needs mujoco (requirements.txt)")
-    r = _oxygen("demo", "--episodes", "1", "--tasks", "reach", "--out", tmp_path, timeout=300)
+    r = _oxygen("demo", "--episodes", "1", "--tasks", "reach", "--device", "cpu", "--out", tmp_path, timeout=300)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
     assert "=== summary ===" in out and "reach" in out and "answers" in out
@@ -60,7 +60,8 @@ def test_demo_closed_loop_short_run(tmp_path):
 def test_demo_bag_mode_short_run(tmp_path):
     """``oxygen demo --bag synthetic`` (the open-loop demo) with random weights: the note says so, status lines,
     streamed answers, summary, PNG timeline and JSON, the control topic at its rate, a clean and quick node exit."""
-    r = _oxygen("demo", "--bag", "synthetic", "--checkpoint", "", "--duration", "8", "--out", tmp_path)
+    r = _oxygen("demo", "--bag", "synthetic", "--checkpoint", "", "--duration", "8", "--device", "cpu",
+                "--out", tmp_path)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
     assert "RANDOM-WEIGHT" in out and "--checkpoint" in out
@@ -75,7 +76,7 @@ def test_demo_bag_mode_short_run(tmp_path):
 
 def test_ros_bench_short_run(tmp_path):
     out = tmp_path / "rb.json"
-    r = _oxygen("ros-bench", "--duration", "3", "--warmup", "1", "--out", out)
+    r = _oxygen("ros-bench", "--duration", "3", "--warmup", "1", "--device", "cpu", "--out", out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "camera -> chunk" in r.stdout and "action_chunk rate" in r.stdout
     res = json.loads(out.read_text())

@@ -222,7 +222,8 @@ def test_lockstep_is_deterministic(sim, expert_policy):
     a = run_episode(sim, draw_task("pick", 4), expert_policy, EpisodeConfig(delay_steps=3, time_limit_s=1.5))
     b = run_episode(sim, draw_task("pick", 4), expert_policy, EpisodeConfig(delay_steps=3, time_limit_s=1.5))
     assert np.array_equal(np.array(a.actions), np.array(b.actions))
-    rnd = PipelinePolicy(sim_settings(None, {"preset": "tiny"}), horizon=10)     # random weights, delta actions
+    # random weights, delta actions
+    rnd = PipelinePolicy(sim_settings(None, {"preset": "tiny", "device": "cpu"}), horizon=10)
     try:
         c = run_episode(sim, draw_task("reach", 1), rnd, EpisodeConfig(delay_steps=2, time_limit_s=1.0))
         run_episode(sim, draw_task("reach", 5), rnd, EpisodeConfig(time_limit_s=0.4))     # something in between

@@ -172,7 +172,7 @@ def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_
     # the node's own loader (engine_factory, as `checkpoint:=...` does) gives the in-memory model's actions
     from oxygen_ros.ros.engine_factory import build_engine
     from oxygen_ros.ros.lockstep import sim_settings
-    built = build_engine(sim_settings(None, {"checkpoint": str(ck)}), on_actions=lambda r: None,
+    built = build_engine(sim_settings(None, {"checkpoint": str(ck), "device": "cpu"}), on_actions=lambda r: None,
                          on_token=lambda e: None, on_finished=lambda r: None)
     loaded, proc = built.engine.model, built.engine.processor
     ep = tr.train_eps[0]

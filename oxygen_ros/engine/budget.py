@@ -41,7 +41,10 @@ class DecodeBudget:
         self.actions.add(seconds)
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
-        self.step.setdefault(int(batch_size), _Ema(self.alpha)).add(seconds)
+        ema = self.step.get(batch_size)
+        if ema is None:
+            ema = self.step[int(batch_size)] = _Ema(self.alpha)
+        ema.add(seconds)
 
     def end_cycle(self, duration_s: float, explained_s: float = 0.0) -> bool:
         """Record a finished cycle; returns True when it missed the target period."""

@@ -28,7 +28,7 @@ import torch
 
 from ..kv.cache import KVCacheManager, RequestState
 from ..kv.pool import KVPool
-from ..model.compiled import COMPILE_MODES, CompiledModel, compile_model
+from ..model.compiled import COMPILE_MODES, CompiledModel, compile_model, resolve_compile
 from ..model.pi05 import DecodeBatch, SamplingParams, sample_tokens
 from ..model.rtc import rtc_target, sample_actions_rtc
 from ..model.tokenizer import StreamDecoder
@@ -60,8 +60,9 @@ class EngineConfig:
     sampling: Optional[SamplingParams] = None   # None = greedy
     memory_interval_s: Optional[float] = None   # if set, the engine itself submits a memory request this often
     memory_prompt: str = "Describe the scene."
-    compile: str = "none"                    # none (eager) | inductor | cudagraphs: see model/compiled.py; the graphs
-                                             # are built by Engine.warmup(), never inside a cycle
+    compile: str = "none"                    # none (eager) | inductor | cudagraphs | inductor-graphs | auto (CUDA:
+                                             # cudagraphs, else none): see model/compiled.py; the graphs are built
+                                             # by Engine.warmup(), never inside a cycle
     compile_batch_sizes: tuple = (1, 2, 4, 8, 16)   # decode / prompt batch buckets (see compiled.batch_buckets)
     compile_max_context: Optional[int] = None   # decode read length graphs are built for (default: image tokens +
                                                 # max_prompt_tokens + max_new_tokens); longer contexts run eagerly
@@ -75,8 +76,8 @@ class EngineConfig:
             raise ValueError("decode_k='adaptive' needs target_period_s")
         if self.max_new_tokens < 1 or self.max_batch < 1 or self.max_pending < 1:
             raise ValueError("max_new_tokens, max_batch and max_pending must be >= 1")
-        if self.compile not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.compile not in COMPILE_MODES + ("auto",):
+            raise ValueError(f"compile must be auto or one of {COMPILE_MODES}, got {self.compile!r}")
 
 
 def _sync(device: torch.device) -> None:
@@ -113,10 +114,11 @@ class Engine:
         self.max_prompt_tokens = config.max_prompt_tokens or self.cfg.max_token_len
         self.S = config.denoise_steps or self.cfg.num_denoise_steps
         self.pool = pool or self._make_pool()
+        self._image_stage = None                 # host buffer of the frame's images (see _frame_inputs)
         max_context = config.compile_max_context or (self.cfg.num_image_tokens + max(self.cfg.max_token_len,
                                                                                      self.max_prompt_tokens)
                                                      + config.max_new_tokens)
-        self.model = compile_model(model, config.compile, max_batch=config.max_batch,
+        self.model = compile_model(model, resolve_compile(config.compile, self.device), max_batch=config.max_batch,
                                    prompt_len=self.max_prompt_tokens, max_context=max_context,
                                    denoise_steps=self.S, batch_sizes=tuple(config.compile_batch_sizes),
                                    sampled_decode=bool(config.sampling and config.sampling.temperature > 0))
@@ -253,11 +255,17 @@ class Engine:
 
     # ------------------------------------------------------------------ processor adapters
     def _frame_inputs(self, observation):
-        """-> (images [1,C,3,S,S], image_masks [1,C], tokens [1,L], token_masks [1,L]) on the model device."""
-        mi = self.processor.prepare(observation)
+        """-> (images [1,C,3,S,S], image_masks [1,C], tokens [1,L], token_masks [1,L]) on the model device.  The
+        images are written into one host buffer kept for the engine's life (pinned on CUDA, so the copy to the
+        device is asynchronous; the next frame writes it only after the cycle-start synchronisation)."""
+        dev = self.device
+        if self._image_stage is None:
+            cfg = self.cfg
+            self._image_stage = torch.empty(1, cfg.num_cameras, 3, cfg.image_size, cfg.image_size,
+                                            pin_memory=dev.type == "cuda")
+        mi = self.processor.prepare(observation, images_out=self._image_stage)
         if mi.truncated:
             self._metrics.count("truncated_action_prompts")
-        dev = self.device
         return (mi.images.to(dev, non_blocking=True), mi.image_masks.to(dev), mi.tokens.to(dev),
                 mi.token_masks.to(dev))
 
@@ -448,8 +456,9 @@ class Engine:
         return sample_actions_rtc(self.model, prefix, noise, self.S, target, weights, rtc.max_guidance_weight)
 
     def _first_token(self, logits_row: torch.Tensor, position: int, sampling) -> int:
-        sp = None if sampling is None else [sampling]
-        return int(sample_tokens(logits_row[None].float(), sp,
+        if sampling is None or sampling.temperature <= 0:        # greedy: no position tensor to build
+            return int(logits_row.argmax())
+        return int(sample_tokens(logits_row[None].float(), [sampling],
                                  torch.tensor([position], dtype=torch.long, device=logits_row.device))[0])
 
     def _reject_or_wait(self, decisions, cands, cs: _CycleState, fi: int):
@@ -694,7 +703,8 @@ class Engine:
             pend = len(self._pending)
         cs = self.compile_stats()
         extra = {"mode": self.config.mode, "decode_k": self.config.decode_k, "denoise_steps": self.S,
-                 "compile": cs["compile"], "compile_s": cs["compile_s"],
+                 "device": str(self.device), "dtype": str(self.model.dtype).removeprefix("torch."),
+                 "compile": cs["compile"], "compile_s": cs["compile_s"], "compile_graphs": cs["compile_graphs"],
                  "compile_eager_calls": sum(cs["eager_calls"].values()),
                  "pending": pend, "kv_block_size": self.pool.block_size, **snap, **self.budget.state()}
         return self._metrics.summary(extra)

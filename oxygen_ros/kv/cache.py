@@ -86,7 +86,9 @@ class RequestState:
 
 @dataclass
 class DecodePlan:
-    """Index tensors for up to `max(steps)` batched decode steps over `rows` (built once per cycle)."""
+    """Index tensors for up to K = `max(steps)` batched decode steps over `rows`, built once per cycle: every step's
+    positions, write slots and read mask are computed here in three batched ops, so a step whose rows are the
+    plan's rows only takes views (no tensor work on the host between the model calls)."""
     rows: list
     steps: list                  # decode steps planned per row this cycle
     read_slots: torch.Tensor     # [B, T] long: shared prefix slots then private slots, position order, padded
@@ -95,6 +97,9 @@ class DecodePlan:
     active: list = None          # row indices still decoding (shrinks as rows finish)
     active_idx: torch.Tensor = None
     step: int = 0
+    positions: torch.Tensor = None   # [K, B] long: position of the token written at step i
+    write_slots: torch.Tensor = None  # [K, B] long: its slot
+    read_mask: torch.Tensor = None   # [K, B, T] bool: the slots readable at step i (incl. the one written)
 
 
 class KVCacheManager:
@@ -333,25 +338,28 @@ class KVCacheManager:
             read[i, a.numel():a.numel() + b.numel()] = b
         base_len = torch.tensor(lens, dtype=torch.long, device=dev)
         base_pos = torch.tensor([st.next_position for st in rows], dtype=torch.long, device=dev)
-        if self._arange_cache.numel() < T:
-            self._arange_cache = torch.arange(max(T, 2 * self._arange_cache.numel()), dtype=torch.long, device=dev)
+        K = max(steps)
+        if self._arange_cache.numel() < max(T, K):
+            self._arange_cache = torch.arange(max(T, K, 2 * self._arange_cache.numel()), dtype=torch.long, device=dev)
+        ar = self._arange_cache
+        n = base_len[None, :] + ar[:K, None] + 1            # [K, B] tokens readable at step i incl. the written one
+        positions = base_pos[None, :] + ar[:K, None]        # [K, B]
+        write = read.gather(1, (n - 1).clamp(max=T - 1).t()).t().contiguous()   # clamp: steps past a row's plan
+        mask = ar[:T][None, None, :] < n[:, :, None]        # [K, B, T]
         active = list(range(len(rows)))
         return DecodePlan(rows, list(steps), read, base_len, base_pos, active,
-                          torch.arange(len(rows), dtype=torch.long, device=dev))
+                          torch.arange(len(rows), dtype=torch.long, device=dev), 0, positions, write, mask)
 
     def step_tensors(self, plan: DecodePlan):
-        """(positions, write_slots, read_slots, read_mask) for the plan's current step over its active rows."""
+        """(positions, write_slots, read_slots, read_mask) for the plan's current step over its active rows: views
+        of the plan's tensors while every row is active, row selections once some have left."""
         i = plan.step
+        pos, write, mask, read = plan.positions[i], plan.write_slots[i], plan.read_mask[i], plan.read_slots
+        if len(plan.active) == len(plan.rows):
+            return pos, write, read, mask
         idx = plan.active_idx
-        whole = len(plan.active) == len(plan.rows)
-        read = plan.read_slots if whole else plan.read_slots.index_select(0, idx)
-        blen = plan.base_len if whole else plan.base_len.index_select(0, idx)
-        bpos = plan.base_pos if whole else plan.base_pos.index_select(0, idx)
-        n = blen + (i + 1)                                        # tokens readable incl. the one written now
-        T = read.shape[1]
-        mask = self._arange_cache[:T].unsqueeze(0) < n.unsqueeze(1)
-        write = read.gather(1, (n - 1).unsqueeze(1)).squeeze(1)
-        return bpos + i, write, read, mask
+        sel = lambda t: t.index_select(0, idx)  # noqa: E731
+        return sel(pos), sel(write), sel(read), sel(mask)
 
     def commit_step(self, plan: DecodePlan, next_ids: list, now: float = 0.0) -> list:
         """Record one decode step's results for the plan's active rows (in order). Returns [(state, token, reason)]

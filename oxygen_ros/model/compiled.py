@@ -1,4 +1,5 @@
-"""Static-shape, compiled execution of the model's primitives (``compile: none | inductor | cudagraphs``).
+"""Static-shape, compiled execution of the model's primitives (``compile: none | inductor | cudagraphs |
+inductor-graphs``, ``auto`` resolved by ``resolve_compile``).
 
 ``CompiledModel`` wraps a ``Pi05Model`` and offers the same four primitives the engine calls (``prefill``,
 ``extend_prefix``, ``sample_actions``, ``decode``), so the engine's code paths do not change with the setting.  Each
@@ -17,13 +18,20 @@ The graphs hold no host synchronisation and compile with ``fullgraph=True``.  Al
 ``cudagraphs``, captured) in ``warmup()``, which the engine runs when it is built (the node: at configure), never in a
 control cycle; a call whose shape has no warmed graph (a longer context than ``max_context``, a sampled decode when
 only greedy graphs were warmed, ...) runs eagerly and is counted in ``stats()["eager_calls"]``.  ``inductor`` =
-``torch.compile`` (CPU and GPU); ``cudagraphs`` = ``torch.compile(mode="reduce-overhead")`` (CUDA graphs per shape;
-the KV pool tensors are marked static so the in-place K/V writes are captured; outputs are cloned before the next
-replay can overwrite them).  A compile failure turns the whole wrapper eager with a warning (never a dead node).
-``none`` is the identity (the model's own eager methods).
+``torch.compile`` (CPU and GPU); ``cudagraphs`` = ``torch.compile(mode="reduce-overhead")`` (inductor's kernels in
+CUDA graphs per shape, managed by torch's cudagraph trees; the KV pool tensors are marked static so the in-place K/V
+writes are captured; outputs are cloned before the next replay can overwrite them); ``inductor-graphs`` =
+``torch.compile(mode="max-autotune-no-cudagraphs")`` (tuned GEMM / fused elementwise kernels) captured in this
+file's own ``torch.cuda.CUDAGraph`` per shape (``CapturedGraph``: a call copies its inputs into the graph's static
+buffers and replays, no guard checks or tree bookkeeping on the host; the KV pool is used in place; for the actions
+only ``Pi05Model.denoise_step`` is compiled - one step, not S unrolled ones - and the whole S-step call is captured
+around it, so the S steps are still one graph replay).  Both graph
+modes need CUDA; on another device they run as ``inductor`` with a warning.  A compile failure turns the whole
+wrapper eager with a warning (never a dead node).  ``none`` is the identity (the model's own eager methods).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -33,8 +41,29 @@ from torch import Tensor
 
 from .pi05 import DecodeBatch, DecodeOutput, Pi05Model, Prefix, SamplerInputs
 
-COMPILE_MODES = ("none", "inductor", "cudagraphs")
+COMPILE_MODES = ("none", "inductor", "cudagraphs", "inductor-graphs")
+GRAPH_MODES = ("cudagraphs", "inductor-graphs")                 # CUDA only: fall back to inductor elsewhere
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16)
+# compile: auto on CUDA = the fastest path measured on a GPU (bench/results/*-gpu-bench: oxygen frame 70.3 ms with
+# cudagraphs vs 335.6 ms eager on an H200); inductor-graphs is not measured on a GPU yet
+AUTO_CUDA_COMPILE = "cudagraphs"
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``; anything else unchanged."""
+    if device in ("", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_compile(mode: str, device) -> str:
+    """``auto`` -> ``AUTO_CUDA_COMPILE`` on a CUDA device, ``none`` (eager) elsewhere; anything else unchanged (checked
+    against ``COMPILE_MODES``).  The node, bag-eval, sim-eval, the demo and the benchmark resolve through here."""
+    if mode == "auto":
+        return AUTO_CUDA_COMPILE if torch.device(resolve_device(str(device))).type == "cuda" else "none"
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile must be auto or one of {COMPILE_MODES}, got {mode!r}")
+    return mode
 
 
 def batch_buckets(max_batch: int, buckets=DEFAULT_BATCH_BUCKETS) -> tuple[int, ...]:
@@ -73,11 +102,66 @@ def _pad_cols(t: Tensor, L: int, fill) -> Tensor:
     return torch.cat([t, t.new_full((t.shape[0], L - l), fill)], 1)
 
 
+def _kv_only(prefix: Prefix) -> Prefix:
+    """The prefix without ``last_logits`` (sample_actions never reads them): one argument structure per graph."""
+    return prefix if prefix.last_logits is None else dataclasses.replace(prefix, last_logits=None)
+
+
 def _rows(prefix: Prefix, B: int) -> Prefix:
     if prefix.batch_size == B:
         return prefix
     return Prefix([k[:B] for k in prefix.k], [v[:B] for v in prefix.v], prefix.mask[:B], prefix.positions[:B],
                   prefix.next_position[:B], None if prefix.last_logits is None else prefix.last_logits[:B])
+
+
+def _tensors(x):
+    """The tensors of an argument structure (tensors, lists / tuples, dataclasses such as Prefix, None), in order."""
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            yield from _tensors(getattr(x, f.name))
+
+
+def _map_tensors(fn, x):
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(fn, y) for y in x)
+    if dataclasses.is_dataclass(x):
+        return dataclasses.replace(x, **{f.name: _map_tensors(fn, getattr(x, f.name)) for f in dataclasses.fields(x)})
+    return x
+
+
+class CapturedGraph:
+    """``fn(*args)`` captured once in a ``torch.cuda.CUDAGraph`` (``inductor-graphs``).  The graph reads static copies
+    of ``args`` - except the tensors in ``static`` (the KV pool), which it uses in place - and a call copies the new
+    arguments (same structure and shapes) into them, replays, and returns the static outputs, which the next replay
+    overwrites (the caller copies what outlives it).  ``fn`` runs three times on a side stream before the capture
+    (compilation and autotuning happen there, not in the graph)."""
+
+    def __init__(self, fn, args: tuple, static=(), pool=None):
+        keep = {id(t) for t in static}
+        self.args = _map_tensors(lambda t: t if id(t) in keep else t.clone(), args)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(*self.args)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = fn(*self.args)
+
+    def __call__(self, *args):
+        for dst, src in zip(_tensors(self.args), _tensors(args), strict=True):
+            if dst is not src:
+                dst.copy_(src)
+        self.graph.replay()
+        return self.out
 
 
 @dataclass
@@ -100,8 +184,8 @@ class CompiledModel:
         self.model = model
         cfg = self.cfg = model.cfg
         self.requested = mode
-        if mode == "cudagraphs" and model.device.type != "cuda":
-            warnings.warn(f"compile='cudagraphs' needs a CUDA device (model is on {model.device}); using 'inductor'")
+        if mode in GRAPH_MODES and model.device.type != "cuda":
+            warnings.warn(f"compile={mode!r} needs a CUDA device (model is on {model.device}); using 'inductor'")
             mode = "inductor"
         self.mode = mode
         self.S = denoise_steps or cfg.num_denoise_steps
@@ -111,6 +195,8 @@ class CompiledModel:
         self.sampled_decode = sampled_decode
         self._graphs: dict = {}                 # key -> compiled callable (present = warmed)
         self._pools: set = set()                # pools the decode graphs were warmed for (see _pool_key)
+        self._mempool = torch.cuda.graph_pool_handle() if mode == "inductor-graphs" else None   # shared by graphs
+        self._step = None                       # inductor-graphs: the compiled denoise step
         self.eager_calls: dict[str, int] = {}
         self.report = CompileReport(self.mode, self.requested)
 
@@ -121,14 +207,21 @@ class CompiledModel:
     def _compile(self, fn):
         if self.mode == "cudagraphs":
             return torch.compile(fn, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        if self.mode == "inductor-graphs":
+            return torch.compile(fn, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
         return torch.compile(fn, fullgraph=True, dynamic=False)
 
     def _graph_fns(self):
         m = self.model
+        if self.mode == "inductor-graphs":      # one compiled step; the capture records all S of them
+            step = self._step = self._step or self._compile(m.denoise_step)
+            actions = lambda p, noise: m.sample_actions(p, noise, self.S, step=step)  # noqa: E731
+        else:
+            actions = lambda p, noise: m.sample_actions(p, noise, self.S)  # noqa: E731
         return {
             "prefill": lambda *a: m.prefill(*a, want_logits=True),
             "extend": lambda p, t, tm: m.extend_prefix(p, t, tm, want_logits=True),
-            "actions": lambda p, noise: m.sample_actions(p, noise, self.S),
+            "actions": actions,
             "decode": lambda ids, pos, ws, rs, rm, k, v: m.decode_step(ids, pos, ws, rs, rm, k, v, None),
             "decode_sampled": lambda ids, pos, ws, rs, rm, k, v, s: m.decode_step(ids, pos, ws, rs, rm, k, v, s),
         }
@@ -160,12 +253,15 @@ class CompiledModel:
         return self.report
 
     def _pool_key(self, pool):
-        return pool.k[0].data_ptr() if self.mode == "cudagraphs" else "any"
+        return pool.k[0].data_ptr() if self.mode in GRAPH_MODES else "any"
 
-    def _warm(self, key, fn, *args):
-        g = self._compile(fn)
+    def _warm(self, key, fn, *args, static=()):
+        g = fn if self.mode == "inductor-graphs" and key[0] == "actions" else self._compile(fn)
         t = time.perf_counter()
-        for _ in range(3 if self.mode == "cudagraphs" else 1):
+        if self.mode == "inductor-graphs":
+            g = CapturedGraph(g, args, static, self._mempool)
+            out = g.out
+        for _ in range(3 if self.mode == "cudagraphs" else 1 if self.mode == "inductor" else 0):
             if self.mode == "cudagraphs":
                 torch.compiler.cudagraph_mark_step_begin()
             out = g(*args)
@@ -187,7 +283,7 @@ class CompiledModel:
         tmask[:, :1] = True
         prefix = self._own(self._warm(("prefill", 1, L0), fns["prefill"], images, masks, toks, tmask))
         noise = torch.zeros(1, cfg.action_horizon, cfg.action_dim, device=dev)
-        self._warm(("actions", prefix.length, self.S), fns["actions"], prefix, noise)
+        self._warm(("actions", prefix.length, self.S), fns["actions"], _kv_only(prefix), noise)
         iso = cfg.prefix_attention == "image_isolated"
         for L in self.prompt_lens:
             for B in self.batch_sizes:
@@ -215,17 +311,18 @@ class CompiledModel:
             rs = torch.zeros(B, T, dtype=torch.long, device=dev)
             rm = torch.zeros(B, T, dtype=torch.bool, device=dev)
             rm[:, 0] = True
-            self._warm(("decode", B, T, pk), fns["decode"], ids, pos, ws, rs, rm, pool.k, pool.v)
+            self._warm(("decode", B, T, pk), fns["decode"], ids, pos, ws, rs, rm, pool.k, pool.v,
+                       static=pool.k + pool.v)
             if self.sampled_decode:
                 f64 = dict(dtype=torch.float64, device=dev)
                 s = SamplerInputs(torch.ones(B, **f64), torch.full((B,), 0.9, **f64), torch.full((B,), 0.5, **f64))
                 self._warm(("decode_sampled", B, T, pk), fns["decode_sampled"], ids, pos, ws, rs, rm, pool.k, pool.v,
-                           s)
+                           s, static=pool.k + pool.v)
         self._pools.add(pk)
 
     def _own(self, x):
-        """Outputs of a cudagraph are overwritten by its next replay: keep a copy of what outlives the call."""
-        if self.mode != "cudagraphs":
+        """Outputs of a CUDA graph are overwritten by its next replay: keep a copy of what outlives the call."""
+        if self.mode not in GRAPH_MODES:
             return x
         if isinstance(x, Prefix):
             return Prefix([k.clone() for k in x.k], [v.clone() for v in x.v], x.mask.clone(), x.positions.clone(),
@@ -255,7 +352,7 @@ class CompiledModel:
     def prefill(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
                 want_logits: bool = False) -> Prefix:
         B, L = tokens.shape
-        Bb, Lb = _bucket(B, self.batch_sizes), _bucket(L, self.prompt_lens)
+        Bb, Lb = _bucket(B, (1,) + self.batch_sizes), _bucket(L, self.prompt_lens)   # batch 1 always has a graph
         key = ("prefill", Bb, Lb)
         if self.mode == "none" or Bb is None or Lb is None or key not in self._graphs:
             self._eager("prefill") if self.mode != "none" else None
@@ -273,7 +370,7 @@ class CompiledModel:
         B, L = tokens.shape
         Bb, Lb = _bucket(B, self.batch_sizes), _bucket(L, self.prompt_lens)
         key = ("extend", Bb, Lb)
-        if self.mode == "none" or prefix.batch_size != 1 or key not in self._graphs:
+        if self.mode == "none" or prefix.batch_size != 1 or prefix.last_logits is not None or key not in self._graphs:
             self._eager("extend_prefix") if self.mode != "none" else None
             return self.model.extend_prefix(prefix, tokens, token_masks, want_logits)
         tokens = _pad_rows(_pad_cols(tokens, Lb, self.cfg.pad_id), Bb, self.cfg.pad_id)
@@ -289,7 +386,7 @@ class CompiledModel:
         if self.mode == "none" or prefix.batch_size != 1 or noise.shape[0] != 1 or key not in self._graphs:
             self._eager("sample_actions") if self.mode != "none" else None
             return self.model.sample_actions(prefix, noise, S)
-        return self._run(key, prefix, noise)
+        return self._run(key, _kv_only(prefix), noise)
 
     def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
         B, T = batch.read_slots.shape

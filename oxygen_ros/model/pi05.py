@@ -1,15 +1,18 @@
-"""The pi0.5 network and its KV-cache primitives, in one readable file (gpt-fast style).
+"""The pi0.5 network and its KV-cache primitives, in one readable file (gpt-fast style); its blocks are in
+``layers.py``.
 
 ``Pi05Model`` = SigLIP vision tower + projector + Gemma VLM + Gemma action expert with adaRMSNorm (Mixture of
-Transformers: per layer each tower computes its own Q/K/V, they are concatenated along the sequence, RoPE'd with shared
-position ids, attend in one attention, and are split back to each tower's own o_proj / MLP / norms).  Its
-``state_dict()`` keys, shapes and dtypes reproduce openpi's PyTorch pi0.5 exactly (see
-``test/data/pi05_openpi_state_dict.tsv``).  The engine drives it through explicit, stateless primitives:
-``prefill`` / ``prefill_images`` / ``extend_prefix`` build a dense prefix KV (``Prefix``), ``sample_actions`` runs S
-Euler steps of the expert that *read* the prefix KV and never write it, and ``decode`` computes one token for B rows
-whose K/V live in a caller-owned flat slot pool (``kv.k[l]`` / ``kv.v[l]``: ``[num_slots, Hkv, D]``), writing only the
-new token's K/V.  Shapes: B batch, C cameras, N image tokens per camera, P prefix length, L prompt length, H action
-horizon, A action dim, W width, Hq query heads, Hkv KV heads, D head dim, NL layers, V vocab.
+Transformers: per layer each tower computes its own Q/K/V - one fused matrix per tower - they are concatenated along
+the sequence, RoPE'd with shared position ids, attend in one ``scaled_dot_product_attention``, and are split back to
+each tower's own o_proj / MLP / norms).  Its ``state_dict()`` keys, shapes and dtypes reproduce openpi's PyTorch pi0.5
+exactly (see ``test/data/pi05_openpi_state_dict.tsv``; the fused matrices show as openpi's separate tensors).  The
+engine drives it through explicit, stateless primitives: ``prefill`` / ``prefill_images`` / ``extend_prefix`` build
+a dense prefix KV (``Prefix``), ``sample_actions`` runs S Euler steps of the expert that *read* the prefix KV and never
+write it (positions, attention bias, RoPE tables, time embeddings and every adaRMSNorm modulation are computed once
+per call for all S steps), and ``decode`` computes one token for B rows whose K/V live in a caller-owned flat slot
+pool (``kv.k[l]`` / ``kv.v[l]``: ``[num_slots, Hkv, D]``), writing only the new token's K/V.  Shapes: B batch,
+C cameras, N image tokens per camera, P prefix length, L prompt length, H action horizon, A action dim, W width,
+Hq query heads, Hkv KV heads, D head dim, NL layers, V vocab, S denoise steps.
 """
 from __future__ import annotations
 
@@ -21,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import SiglipVisionConfig
-from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
-from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer, SiglipVisionEmbeddings
 
-from .config import GemmaConfig, Pi05Config
+from .config import Pi05Config
+from .layers import (AdaRMSNorm, GemmaTowerModel, RMSNorm, SiglipVisionTransformer, UnusedLMHead, apply_rope,
+                     attention, attention_bias, cast, rope_frequencies, rope_tables)
 from .sampling import SamplerInputs, SamplingParams, sample_rows, sample_tokens  # noqa: F401 - re-exported
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -113,154 +116,17 @@ def keeps_fp32(name: str) -> bool:
     return "layernorm" in name or name.endswith("model.norm.weight") or ".model.norm.dense." in name
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Building blocks
-# ------------------------------------------------------------------------------------------------------------------
-
-
-class AdaRMSNorm(nn.Module):
-    """adaRMSNorm: cond [B, Wc] -> dense -> (scale, shift, gate) each [B, W]; y = rms(x) * (1 + scale) + shift.
-    Returns (y, gate); the caller applies the gated residual x + gate * f(y)."""
-
-    def __init__(self, dim: int, cond_dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.dense = nn.Linear(cond_dim, 3 * dim)
-
-    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
-        dtype = x.dtype
-        xf = x.float()
-        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        mod = self.dense(cond.to(self.dense.weight.dtype))[:, None, :].float()    # [B, 1, 3W]
-        scale, shift, gate = mod.chunk(3, dim=-1)
-        return (xn * (1 + scale) + shift).to(dtype), gate.to(dtype)
-
-
-def _norm(norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    if isinstance(norm, AdaRMSNorm):
-        return norm(x, cond)
-    return norm(x), None
-
-
-class GemmaAttentionProj(nn.Module):
-    """Q/K/V/O projections of one tower (the attention itself is joint, see Pi05Model._layers)."""
-
-    def __init__(self, g: GemmaConfig):
-        super().__init__()
-        self.q_proj = nn.Linear(g.width, g.num_heads * g.head_dim, bias=False)
-        self.k_proj = nn.Linear(g.width, g.num_kv_heads * g.head_dim, bias=False)
-        self.v_proj = nn.Linear(g.width, g.num_kv_heads * g.head_dim, bias=False)
-        self.o_proj = nn.Linear(g.num_heads * g.head_dim, g.width, bias=False)
-
-
-class GemmaLayer(nn.Module):
-    def __init__(self, g: GemmaConfig, cond_dim: int | None):
-        super().__init__()
-        self.self_attn = GemmaAttentionProj(g)
-        self.mlp = GemmaMLP(SimpleNamespace(hidden_size=g.width, intermediate_size=g.mlp_dim,
-                                            hidden_act="gelu_pytorch_tanh"))
-        if g.adarms:
-            self.input_layernorm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps)
-            self.post_attention_layernorm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps)
-        else:
-            self.input_layernorm = GemmaRMSNorm(g.width, g.rms_norm_eps)
-            self.post_attention_layernorm = GemmaRMSNorm(g.width, g.rms_norm_eps)
-
-
-class GemmaTowerModel(nn.Module):
-    """``language_model`` (with embed_tokens) or ``gemma_expert.model`` (without)."""
-
-    def __init__(self, g: GemmaConfig, vocab_size: int | None, cond_dim: int | None):
-        super().__init__()
-        if vocab_size is not None:
-            self.embed_tokens = nn.Embedding(vocab_size, g.width)
-        self.layers = nn.ModuleList([GemmaLayer(g, cond_dim) for _ in range(g.depth)])
-        self.norm = AdaRMSNorm(g.width, cond_dim, g.rms_norm_eps) if g.adarms else GemmaRMSNorm(g.width, g.rms_norm_eps)
-
-
-class UnusedLMHead(nn.Module):
-    """``gemma_expert.lm_head``: present in openpi's state_dict, unused by pi0.5.  Its ``weight`` has the real shape
-    [V, We] but is a zero-stride view of a single zero, so it costs no memory on any device; loading checks its
-    shape and ignores its values."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(()).expand(out_features, in_features), requires_grad=False)
-
-    def _apply(self, fn, recurse=True):                  # .to(device / dtype) converts one element, not V x We
-        shape = self.weight.shape
-        self.weight = nn.Parameter(fn(self.weight.detach().new_zeros(())).expand(shape), requires_grad=False)
-        return self
-
-    def reset(self, device: torch.device | str) -> None:
-        """Re-create the zero view on ``device`` (e.g. after loading into a meta-device model)."""
-        w = self.weight
-        self.weight = nn.Parameter(torch.zeros((), dtype=w.dtype, device=device).expand(w.shape), requires_grad=False)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        w = state_dict.get(prefix + "weight")
-        if w is not None and tuple(w.shape) != tuple(self.weight.shape):
-            error_msgs.append(f"size mismatch for {prefix}weight: {tuple(w.shape)} vs {tuple(self.weight.shape)}")
-
-
-class SiglipVisionTransformer(nn.Module):
-    """SigLIP without pooling head, from transformers' blocks (keys: embeddings / encoder.layers / post_layernorm)."""
-
-    def __init__(self, vcfg: SiglipVisionConfig):
-        super().__init__()
-        self.embeddings = SiglipVisionEmbeddings(vcfg)
-        self.encoder = nn.Module()
-        self.encoder.layers = nn.ModuleList([SiglipEncoderLayer(vcfg) for _ in range(vcfg.num_hidden_layers)])
-        self.post_layernorm = nn.LayerNorm(vcfg.hidden_size, eps=vcfg.layer_norm_eps)
-
-    def forward(self, pixels: Tensor, dtype: torch.dtype) -> Tensor:
-        # pixels [n, 3, 224, 224] in [-1, 1] -> [n, N, Wv]
-        emb = self.embeddings
-        x = emb.patch_embedding(pixels.to(emb.patch_embedding.weight.dtype))        # [n, Wv, 16, 16] fp32
-        x = x.flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]    # [n, N, Wv]
-        x = x.to(dtype)
-        for layer in self.encoder.layers:
-            x = layer(x, None)
-        return self.post_layernorm(x)
-
-
 def _siglip_config(cfg: Pi05Config) -> SiglipVisionConfig:
     v = cfg.vision
-    c = SiglipVisionConfig(hidden_size=v.width, num_hidden_layers=v.depth, num_attention_heads=v.num_heads,
-                           intermediate_size=v.mlp_dim, patch_size=v.patch_size, image_size=v.image_size,
-                           hidden_act="gelu_pytorch_tanh", layer_norm_eps=v.layer_norm_eps, vision_use_head=False)
-    c._attn_implementation = "sdpa"
-    return c
+    return SiglipVisionConfig(hidden_size=v.width, num_hidden_layers=v.depth, num_attention_heads=v.num_heads,
+                              intermediate_size=v.mlp_dim, patch_size=v.patch_size, image_size=v.image_size,
+                              hidden_act="gelu_pytorch_tanh", layer_norm_eps=v.layer_norm_eps, vision_use_head=False)
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x [B, T, h, D]; cos/sin [B, T, 1, D]  (rotate-half convention, as HF Gemma)
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
-
-
-def attention_bias(mask: Tensor, num_heads: int, num_kv_heads: int, dtype: torch.dtype) -> Tensor:
-    """Boolean mask [B, T, S] (True = attend; every row needs one True) -> additive bias [B, 1, G*T, S] in the
-    layout ``attention`` uses (G = Hq/Hkv query heads folded into the query length).  Built once per call and shared
-    by all layers (and all denoise steps)."""
-    B, T, S = mask.shape
-    G = num_heads // num_kv_heads
-    bias = torch.zeros(B, 1, T, S, dtype=dtype, device=mask.device).masked_fill_(~mask[:, None], torch.finfo(dtype).min)
-    return bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
-
-
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
-    """Grouped-query attention, scale D^-0.5.  q [B, T, Hq, D], k/v [B, S, Hkv, D], bias from ``attention_bias``
-    -> [B, T, Hq*D].  The G query heads of a KV head are folded into the query length: SDPA sees [B, Hkv, G*T, D]
-    against [B, Hkv, S, D], so the single KV head is never repeated in memory."""
-    B, T, Hq, D = q.shape
-    Hkv = k.shape[2]
-    G = Hq // Hkv
-    q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
-    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=D ** -0.5)
-    return o.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, Hq * D)
+def _norm(norm: nn.Module, x: Tensor, mod) -> tuple[Tensor, Tensor | None]:
+    if isinstance(norm, AdaRMSNorm):
+        return norm(x, mod)
+    return norm(x), None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -272,6 +138,7 @@ class Pi05Model(nn.Module):
     def __init__(self, cfg: Pi05Config):
         super().__init__()
         self.cfg = cfg
+        self._rope_freqs: dict = {}                         # device -> rope_frequencies (not state: derived)
         We = cfg.expert.width
         pwe = nn.Module()                                   # paligemma_with_expert
         pwe.paligemma = nn.Module()
@@ -317,7 +184,7 @@ class Pi05Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.vlm.layers[0].self_attn.q_proj.weight.dtype
+        return self.vlm.layers[0].self_attn.qkv_weight.dtype
 
     @property
     def device(self) -> torch.device:
@@ -346,18 +213,20 @@ class Pi05Model(nn.Module):
                 m.dense.bias.zero_()
                 m.dense.bias[2 * w:].fill_(1.0)
                 m.dense.weight.mul_(0.5)
-            elif isinstance(m, GemmaRMSNorm):
+            elif isinstance(m, RMSNorm):
                 m.weight.zero_()
         self.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight.normal_(0.0, 0.02)
 
-    def _rope_cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        # positions [B, T] -> cos, sin [B, T, 1, D]
-        D = self.cfg.head_dim
-        inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, D, 2, device=positions.device,
-                                                               dtype=torch.float32) / D))
-        freqs = positions.clamp(min=0).float()[..., None] * inv_freq           # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+    def rope(self, positions: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """positions [B, T] -> RoPE tables (cos, sin) [B, T, 1, D] (``layers.rope_tables``), once per call.  The
+        frequencies are kept per device (eagerly; a compiled graph computes them inline, inductor folds them)."""
+        compiling = torch.compiler.is_compiling()
+        freqs = None if compiling else self._rope_freqs.get(positions.device)
+        if freqs is None:
+            freqs = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, positions.device)
+            if not compiling:
+                self._rope_freqs[positions.device] = freqs
+        return rope_tables(positions, freqs, dtype or self.dtype)
 
     # ---- embeddings ----------------------------------------------------------------------------------------------
     def embed_images(self, images: Tensor, image_masks: Tensor) -> Tensor:
@@ -367,96 +236,89 @@ class Pi05Model(nn.Module):
         N = self.cfg.image_tokens_per_camera
         flat = images.reshape(B * C, *images.shape[2:])
         if torch.compiler.is_compiling():        # static shapes: run every slot, zero the masked ones (no nonzero())
-            feats = self.projector(self.vision(flat, self.dtype)).to(self.dtype)            # [B*C, N, W]
+            feats = cast(self.projector(self.vision(flat, self.dtype)), self.dtype)          # [B*C, N, W]
             return torch.where(image_masks.reshape(B * C, 1, 1), feats, 0).view(B, C * N, -1)
         valid = image_masks.reshape(B * C).nonzero().squeeze(1)
         out = torch.zeros(B * C, N, self.cfg.vlm.width, dtype=self.dtype, device=images.device)
         if valid.numel():
             feats = self.vision(flat.index_select(0, valid), self.dtype)       # [n, N, Wv]
-            out[valid] = self.projector(feats).to(self.dtype)
+            out[valid] = cast(self.projector(feats), self.dtype)
         return out.view(B, C * N, -1)
 
     def embed_tokens(self, tokens: Tensor) -> Tensor:
         """tokens [B, L] -> [B, L, W], scaled by sqrt(W) (Gemma)."""
         x = self.vlm.embed_tokens(tokens)
-        return (x * math.sqrt(x.shape[-1])).to(self.dtype)
+        return cast(x * math.sqrt(x.shape[-1]), self.dtype)
 
     def time_condition(self, t: Tensor) -> Tensor:
         """t [B] in [0, 1] -> adaRMS condition [B, We]:
-        sin/cos embedding (periods 4e-3 .. 4) -> time_mlp_in -> swish -> time_mlp_out -> swish."""
+        sin/cos embedding (periods 4e-3 .. 4) -> time_mlp_in -> swish -> time_mlp_out -> swish.  ``sample_actions``
+        calls it once for its S times (t [S])."""
         We = self.cfg.expert.width
         frac = torch.linspace(0.0, 1.0, We // 2, dtype=torch.float64, device=t.device)
         period = self.cfg.time_min_period * (self.cfg.time_max_period / self.cfg.time_min_period) ** frac
         ang = (1.0 / period * 2 * math.pi)[None, :] * t.double()[:, None]       # [B, We/2] (openpi's op order)
         emb = torch.cat([torch.sin(ang), torch.cos(ang)], dim=1).float()
         w = self.time_mlp_in.weight.dtype
-        h = F.silu(self.time_mlp_in(emb.to(w)))
+        h = F.silu(self.time_mlp_in(cast(emb, w)))
         return F.silu(self.time_mlp_out(h))
 
     # ---- the joint MoT layer stack -------------------------------------------------------------------------------
-    def _layers(self, x_vlm: Tensor | None, x_exp: Tensor | None, cond: Tensor | None, positions: Tensor,
+    def _layers(self, x_vlm: Tensor | None, x_exp: Tensor | None, mods: list | None, rope: tuple[Tensor, Tensor],
                 mask: Tensor, past_k: list[Tensor] | None = None, past_v: list[Tensor] | None = None,
                 keep_kv: bool = False, kv_hook=None):
         """Run all layers over the tokens of the present towers.
-        x_vlm [B, Tv, Wv] | None, x_exp [B, Te, We] | None, cond [B, We] (expert only), positions [B, Tv+Te],
-        mask [B, Tv+Te, Sp+Tv+Te] bool (Sp = past length) or a prepared ``attention_bias``,
-        past_k/v NL x [B, Sp, Hkv, D] (read only).
-        kv_hook(l, k, v) -> (k_all, v_all) replaces the past concat (used by decode).
+        x_vlm [B, Tv, Wv] | None, x_exp [B, Te, We] | None, mods = the expert's adaRMS modulations
+        (``GemmaTowerModel.modulations``: 2 per layer, the final norm's last) when x_exp is given,
+        rope = (cos, sin) of ``rope`` for the positions [B, Tv+Te], mask [B, Tv+Te, Sp+Tv+Te] bool (Sp = past
+        length) or a prepared ``attention_bias``, past_k/v NL x [B, Sp, Hkv, D] (read only).
+        kv_hook(l, k, v) -> (k_all, v_all) replaces the past concat (decode, sample_actions).
         Returns x_vlm, x_exp, new_k, new_v (NL x [B, Tv+Te, Hkv, D] if keep_kv)."""
         cfg = self.cfg
         Hq, Hkv, D = cfg.vlm.num_heads, cfg.num_kv_heads, cfg.head_dim
-        towers = []
-        if x_vlm is not None:
-            towers.append((self.vlm, 0))
-        if x_exp is not None:
-            towers.append((self.expert, 1))
+        towers = [i for i, x in enumerate((x_vlm, x_exp)) if x is not None]
+        none = [(None, None)] * cfg.num_layers
+        tower_mods = (none, none if mods is None else [mods[2 * l: 2 * l + 2] for l in range(cfg.num_layers)])
         xs = [x_vlm, x_exp]
-        conds = [None, cond]
-        dtype = (x_vlm if x_vlm is not None else x_exp).dtype
-        cos, sin = self._rope_cos_sin(positions, dtype)
-        bias = attention_bias(mask, Hq, Hkv, dtype) if mask.dtype == torch.bool else mask
+        cos, sin = rope
+        bias = attention_bias(mask, Hq, Hkv, cos.dtype) if mask.dtype == torch.bool else mask
         new_k, new_v = [], []
         for l in range(cfg.num_layers):
-            qs, ks, vs, gates, lens = [], [], [], [], []
-            for tower, i in towers:
-                layer = tower.layers[l]
-                h, gate = _norm(layer.input_layernorm, xs[i], conds[i])
-                B, T, _ = h.shape
-                qs.append(layer.self_attn.q_proj(h).view(B, T, Hq, D))
-                ks.append(layer.self_attn.k_proj(h).view(B, T, Hkv, D))
-                vs.append(layer.self_attn.v_proj(h).view(B, T, Hkv, D))
-                gates.append(gate)
-                lens.append(T)
-            q = qs[0] if len(qs) == 1 else torch.cat(qs, dim=1)                  # [B, T, Hq, D]
-            k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)                  # [B, T, Hkv, D]
-            v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            if keep_kv:
-                new_k.append(k)
-                new_v.append(v)
+            layers = (self.vlm.layers[l], self.expert.layers[l])
+            qkv, gates, lens = [], [None, None], []
+            for i in towers:
+                h, gates[i] = _norm(layers[i].input_layernorm, xs[i], tower_mods[i][l][0])
+                qkv.append(F.linear(h, layers[i].self_attn.qkv_weight))            # [B, T_i, (Hq + 2 Hkv) D]
+                lens.append(h.shape[1])
+            qkv = qkv[0] if len(qkv) == 1 else torch.cat(qkv, dim=1)             # [B, T, (Hq + 2 Hkv) D]
+            qk, v = qkv.split([(Hq + Hkv) * D, Hkv * D], dim=-1)
+            qk = apply_rope(qk.unflatten(-1, (Hq + Hkv, D)), cos, sin)            # [B, T, Hq + Hkv, D]
+            q, k = qk.split([Hq, Hkv], dim=2)
+            v = v.unflatten(-1, (Hkv, D))
+            if keep_kv:                                 # compact copies: the prefix outlives this call
+                new_k.append(k.contiguous())
+                new_v.append(v.contiguous())
             if kv_hook is not None:
                 k_all, v_all = kv_hook(l, k, v)
             elif past_k is not None:
-                k_all = torch.cat([past_k[l].to(k.dtype), k], dim=1)
-                v_all = torch.cat([past_v[l].to(v.dtype), v], dim=1)
+                k_all = torch.cat([cast(past_k[l], k.dtype), k], dim=1)
+                v_all = torch.cat([cast(past_v[l], v.dtype), v], dim=1)
             else:
                 k_all, v_all = k, v
             a = attention(q, k_all, v_all, bias)                                # [B, T, Hq*D]
-            start = 0
-            for (tower, i), gate, T in zip(towers, gates, lens):
-                layer = tower.layers[l]
-                o = layer.self_attn.o_proj(a[:, start:start + T].to(layer.self_attn.o_proj.weight.dtype))
-                start += T
-                x = xs[i] + (o if gate is None else gate * o)
-                h, gate2 = _norm(layer.post_attention_layernorm, x, conds[i])
-                m = layer.mlp(h.to(layer.mlp.up_proj.weight.dtype))
-                xs[i] = x + (m if gate2 is None else gate2 * m)
+            for i, o in zip(towers, a.split(lens, dim=1)):
+                layer = layers[i]
+                o = layer.self_attn.o_proj(cast(o, layer.self_attn.o_proj.weight.dtype))
+                x = xs[i] + o if gates[i] is None else torch.addcmul(xs[i], gates[i], o)
+                h, gate = _norm(layer.post_attention_layernorm, x, tower_mods[i][l][1])
+                m = layer.mlp(cast(h, layer.mlp.gate_up_weight.dtype))
+                xs[i] = x + m if gate is None else torch.addcmul(x, gate, m)
         return xs[0], xs[1], new_k, new_v
 
     def _logits(self, h: Tensor) -> Tensor:
         # h [B, W] -> fp32 logits [B, V] through the final norm and the tied LM head
         h = self.vlm.norm(h)
-        return F.linear(h.to(self.lm_head.weight.dtype), self.lm_head.weight).float()
+        return cast(F.linear(cast(h, self.lm_head.weight.dtype), self.lm_head.weight), torch.float32)
 
     # ---- masks ---------------------------------------------------------------------------------------------------
     def prefix_attention_mask(self, image_masks: Tensor, token_masks: Tensor) -> Tensor:
@@ -509,7 +371,7 @@ class Pi05Model(nn.Module):
         valid = torch.cat([image_masks.repeat_interleave(N, dim=1), token_masks], dim=1)            # [B, P]
         positions = valid.long().cumsum(dim=1) - 1
         mask = self.prefix_attention_mask(image_masks, token_masks)
-        h, _, k, v = self._layers(x, None, None, positions, mask, keep_kv=True)
+        h, _, k, v = self._layers(x, None, None, self.rope(positions), mask, keep_kv=True)
         return self._finish_prefix(k, v, valid, positions, h if want_logits else None, want_logits)
 
     @torch.no_grad()
@@ -538,10 +400,10 @@ class Pi05Model(nn.Module):
         causal = causal | (torch.eye(L, dtype=torch.bool, device=tokens.device)[None] & ~token_masks[:, :, None])
         old = prefix.mask[:, None, :] & token_masks[:, :, None]                                  # [B2, L, P]
         mask = torch.cat([old, causal], dim=2)                                                   # [B2, L, P+L]
-        h, _, k, v = self._layers(self.embed_tokens(tokens), None, None, positions, mask,
+        h, _, k, v = self._layers(self.embed_tokens(tokens), None, None, self.rope(positions), mask,
                                   past_k=prefix.k, past_v=prefix.v, keep_kv=True)
-        k = [torch.cat([pk.to(nk.dtype), nk], dim=1) for pk, nk in zip(prefix.k, k)]
-        v = [torch.cat([pv.to(nv.dtype), nv], dim=1) for pv, nv in zip(prefix.v, v)]
+        k = [torch.cat([cast(pk, nk.dtype), nk], dim=1) for pk, nk in zip(prefix.k, k)]
+        v = [torch.cat([cast(pv, nv.dtype), nv], dim=1) for pv, nv in zip(prefix.v, v)]
         mask_all = torch.cat([prefix.mask, token_masks], dim=1)
         pos_all = torch.cat([prefix.positions, positions], dim=1)
         out = self._finish_prefix(k, v, mask_all, pos_all, h if want_logits else None, want_logits,
@@ -549,33 +411,47 @@ class Pi05Model(nn.Module):
         return out
 
     @torch.no_grad()
-    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None) -> Tensor:
+    def sample_actions(self, prefix: Prefix, noise: Tensor, num_steps: int | None = None, step=None) -> Tensor:
         """noise [B, H, A] -> actions [B, H, A] (fp32) by S Euler steps from t=1 to t=0 (dt = -1/S, x += dt * v).
         The H action tokens attend the valid prefix and each other; their positions continue at next_position.
-        The prefix KV is only read (a batch-1 prefix broadcasts to B)."""
+        The prefix KV is only read (a batch-1 prefix broadcasts to B).  Everything that does not depend on x - the
+        positions, attention bias and RoPE tables, the S time conditions and every adaRMSNorm's modulation for them
+        - is computed once here; a step (``denoise_step``, or ``step``: e.g. that method compiled alone, see
+        model/compiled.py's inductor-graphs) is the layers' matrix work and elementwise ops only (no host reads)."""
         S = num_steps or self.cfg.num_denoise_steps
         B, H, _ = noise.shape
         prefix = prefix.expand(B)
         positions, bias = self.action_attention(prefix, H)
+        rope = self.rope(positions)
         # per-layer [prefix | suffix] K/V buffers: the prefix is copied in once per call (not per step) and only the
         # suffix part is rewritten each step; the caller's prefix tensors are never written.
         P = prefix.length
-        kbuf = [torch.cat([k.to(self.dtype), k.new_empty(B, H, *k.shape[2:], dtype=self.dtype)], 1) for k in prefix.k]
-        vbuf = [torch.cat([v.to(self.dtype), v.new_empty(B, H, *v.shape[2:], dtype=self.dtype)], 1) for v in prefix.v]
+        kbuf = [torch.cat([cast(k, self.dtype), k.new_empty(B, H, *k.shape[2:], dtype=self.dtype)], 1)
+                for k in prefix.k]
+        vbuf = [torch.cat([cast(v, self.dtype), v.new_empty(B, H, *v.shape[2:], dtype=self.dtype)], 1)
+                for v in prefix.v]
+        step = step or self.denoise_step
+        dt = -1.0 / S
+        t = 1.0 + dt * torch.arange(S, dtype=torch.float64, device=noise.device)     # [S]: 1, 1 - 1/S, ..., 1/S
+        mods = self.expert.modulations(self.time_condition(t.float()), self.dtype)    # 2 NL + 1 x 3 x [S, 1, We]
+        per_step = list(zip(*[zip(*(m.unbind(0) for m in mod)) for mod in mods]))    # S x (2 NL + 1) x 3 x [1, We]
+        x = cast(noise, torch.float32)
+        for s in range(S):
+            x = step(x, per_step[s], rope, bias, kbuf, vbuf, P, dt)
+        return x
 
+    def denoise_step(self, x: Tensor, mods, rope: tuple[Tensor, Tensor], bias: Tensor, kbuf: list[Tensor],
+                     vbuf: list[Tensor], prefix_len: int, dt: float) -> Tensor:
+        """One Euler step of ``sample_actions``: x [B, H, A] fp32 -> x + dt * v(x), with the step's modulations,
+        the call's RoPE tables and bias; the H action tokens' K/V go to ``kbuf[l][:, prefix_len:]`` /
+        ``vbuf[l][:, prefix_len:]`` (the call's [prefix | suffix] buffers NL x [B, P+H, Hkv, D]), which are read
+        whole.  A pure tensor function of its inputs (what inductor-graphs compiles once and replays S times)."""
         def kv_hook(l, k, v):
-            kbuf[l][:, P:] = k
-            vbuf[l][:, P:] = v
+            kbuf[l][:, prefix_len:] = k
+            vbuf[l][:, prefix_len:] = v
             return kbuf[l], vbuf[l]
 
-        dt = -1.0 / S
-        x = noise.float()
-        t = 1.0
-        for _ in range(S):
-            v = self.velocity(prefix, x, torch.full((B,), t, device=noise.device), positions, bias, kv_hook)
-            x = x + dt * v
-            t += dt
-        return x
+        return x + dt * self._velocity(x, mods, rope, bias, kv_hook=kv_hook)
 
     def action_attention(self, prefix: Prefix, H: int) -> tuple[Tensor, Tensor]:
         """For H action tokens on ``prefix`` (batch B): their positions [B, H] (continuing at next_position) and the
@@ -590,18 +466,22 @@ class Pi05Model(nn.Module):
 
     def velocity(self, prefix: Prefix, x_t: Tensor, t: Tensor, positions: Tensor | None = None,
                  mask: Tensor | None = None, kv_hook=None) -> Tensor:
-        """One denoise step: x_t [B, H, A] at times t [B] -> velocity [B, H, A] fp32 (prefix read-only)."""
+        """One denoise step: x_t [B, H, A] at times t [B] -> velocity [B, H, A] fp32 (prefix read-only);
+        ``positions`` / ``mask`` (e.g. the bias of ``action_attention``) default to ``action_attention``'s."""
         B, H, _ = x_t.shape
-        if positions is None:
-            positions = prefix.next_position[:, None] + torch.arange(H, device=x_t.device)[None]
-        if mask is None:
-            mask = torch.cat([prefix.mask[:, None, :].expand(B, H, prefix.length),
-                              torch.ones(B, H, H, dtype=torch.bool, device=x_t.device)], dim=2)
-        cond = self.time_condition(t)                                                         # [B, We] fp32
-        x = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)      # [B, H, We]
-        _, h, _, _ = self._layers(None, x, cond, positions, mask, past_k=prefix.k, past_v=prefix.v, kv_hook=kv_hook)
-        h, _ = self.expert.norm(h, cond)
-        return self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+        prefix = prefix.expand(B)
+        if positions is None or mask is None:
+            positions, mask = self.action_attention(prefix, H)
+        mods = self.expert.modulations(self.time_condition(t), self.dtype)                      # [B, 1, We]
+        return self._velocity(x_t, mods, self.rope(positions), mask, prefix.k, prefix.v, kv_hook)
+
+    def _velocity(self, x_t: Tensor, mods, rope, mask: Tensor, past_k=None, past_v=None, kv_hook=None) -> Tensor:
+        # x_t [B, H, A] -> velocity [B, H, A] fp32 with precomputed modulations / RoPE tables / mask or bias, over the
+        # prefix K/V past_k / past_v (or what kv_hook returns)
+        x = cast(self.action_in_proj(cast(x_t, self.action_in_proj.weight.dtype)), self.dtype)   # [B, H, We]
+        _, h, _, _ = self._layers(None, x, mods, rope, mask, past_k=past_k, past_v=past_v, kv_hook=kv_hook)
+        h, _ = self.expert.norm(h, mods[-1])
+        return cast(self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)), torch.float32)
 
     @torch.no_grad()
     def decode(self, batch: DecodeBatch, kv) -> DecodeOutput:
@@ -626,13 +506,13 @@ class Pi05Model(nn.Module):
 
         def kv_hook(l, k, v):                                   # k/v [B, 1, Hkv, D]
             kl, vl = k_pool[l], v_pool[l]
-            kl.index_copy_(0, write_slots, k[:, 0].to(kl.dtype))
-            vl.index_copy_(0, write_slots, v[:, 0].to(vl.dtype))
+            kl.index_copy_(0, write_slots, cast(k[:, 0], kl.dtype))
+            vl.index_copy_(0, write_slots, cast(v[:, 0], vl.dtype))
             shape = (*read_slots.shape, *kl.shape[1:])            # [B, T, Hkv, D]
-            return (kl.index_select(0, rs_flat).view(shape).to(k.dtype),
-                    vl.index_select(0, rs_flat).view(shape).to(v.dtype))
+            return (cast(kl.index_select(0, rs_flat).view(shape), k.dtype),
+                    cast(vl.index_select(0, rs_flat).view(shape), v.dtype))
 
-        h, _, _, _ = self._layers(x, None, None, positions[:, None], mask, kv_hook=kv_hook)
+        h, _, _, _ = self._layers(x, None, None, self.rope(positions[:, None]), mask, kv_hook=kv_hook)
         logits = self._logits(h[:, 0])
         return sample_rows(logits, sampler), logits
 
@@ -685,11 +565,11 @@ class Pi05Model(nn.Module):
             mask[:, Pp:S, Pp:S] = causal
         mask[:, S:, :Pp] = valid[:, None, :]
         mask[:, S:, S:] = True
-        cond = self.time_condition(t)
-        x_suf = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(self.dtype)
-        h_vlm, h, _, _ = self._layers(torch.cat(parts, dim=1), x_suf, cond, positions, mask)
-        h, _ = self.expert.norm(h, cond)
-        velocity = self.action_out_proj(h.to(self.action_out_proj.weight.dtype)).float()
+        mods = self.expert.modulations(self.time_condition(t), self.dtype)                      # [B, 1, We]
+        x_suf = cast(self.action_in_proj(cast(x_t, self.action_in_proj.weight.dtype)), self.dtype)
+        h_vlm, h, _, _ = self._layers(torch.cat(parts, dim=1), x_suf, mods, self.rope(positions), mask)
+        h, _ = self.expert.norm(h, mods[-1])
+        velocity = self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)).float()
         return velocity, (self._logits(h_vlm[:, Pp:S]) if Lt else None)
 
 

@@ -169,9 +169,12 @@ def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return out
 
 
-def image_to_tensor(image: np.ndarray) -> torch.Tensor:
-    """uint8 [S, S, 3] -> float32 [3, S, S] in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float() / 255.0 * 2.0 - 1.0
+def image_to_tensor(image: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 [S, S, 3] -> float32 [3, S, S] in [-1, 1] (written into ``out`` [3, S, S] when given: no temporaries)."""
+    t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    if out is None:
+        return t.float() / 255.0 * 2.0 - 1.0
+    return torch.div(t, 127.5, out=out).sub_(1.0)          # x / 127.5 == x / 255 * 2 exactly (a power-of-2 scale)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -278,16 +281,18 @@ class Processor:
             raise ValueError(f"prompt must be a str, got {type(obs.prompt).__name__}")
 
     # ---- images ----------------------------------------------------------------------------------------------------
-    def prepare_images(self, images: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """C slots -> images [1, C, 3, S, S] in [-1, 1] (missing = zeros), masks [1, C] bool."""
+    def prepare_images(self, images: list, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """C slots -> images [1, C, 3, S, S] in [-1, 1] (missing = zeros), masks [1, C] bool.  ``out``: a float32
+        [1, C, 3, S, S] buffer to write into (e.g. the engine's pinned staging buffer, reused every frame)."""
         S = self.cfg.image_size
         C = self.cfg.num_cameras
-        out = torch.zeros(1, C, 3, S, S)
+        out = torch.empty(1, C, 3, S, S) if out is None else out
         mask = torch.zeros(1, C, dtype=torch.bool)
         for i, im in enumerate(images):
             if im is None:
+                out[0, i].zero_()
                 continue
-            out[0, i] = image_to_tensor(resize_with_pad(im, S, S))
+            image_to_tensor(resize_with_pad(im, S, S), out=out[0, i])
             mask[0, i] = True
         return out, mask
 
@@ -313,10 +318,11 @@ class Processor:
         ns = None if state is None else self.norm_stats.normalize_state(np.asarray(state, dtype=np.float64))
         return action_prompt(prompt, ns)
 
-    def _action_tokens(self, prompt: str, state):
+    def _action_tokens(self, prompt: str, state, text: str | None = None):
         if not self.cfg.discrete_state_input:
             return self._tokens(clean_text(prompt), "action prompt", suffix="\n")
-        return self._tokens(self.action_prompt_text(prompt, state), "action prompt", key=prompt)
+        text = self.action_prompt_text(prompt, state) if text is None else text
+        return self._tokens(text, "action prompt", key=prompt)
 
     def encode_prompt(self, kind: str, text: str, state: np.ndarray | None = None):
         """kind 'action' (text = task, uses ``state``) | 'subtask' | 'conversation' | 'memory'
@@ -325,12 +331,13 @@ class Processor:
             return self._action_tokens(text, state)
         return self._tokens(language_prompt(kind, text), f"{kind} prompt")
 
-    def prepare(self, obs: Observation) -> ModelInputs:
-        """Observation -> ModelInputs with the pi0.5 action prompt."""
+    def prepare(self, obs: Observation, images_out: torch.Tensor | None = None) -> ModelInputs:
+        """Observation -> ModelInputs with the pi0.5 action prompt (images written into ``images_out`` if given)."""
         self.validate(obs)
-        images, masks = self.prepare_images(obs.images)
-        tokens, tmask, truncated = self._action_tokens(obs.prompt, obs.state)
-        return ModelInputs(images, masks, tokens, tmask, truncated, self.action_prompt_text(obs.prompt, obs.state))
+        images, masks = self.prepare_images(obs.images, images_out)
+        text = self.action_prompt_text(obs.prompt, obs.state)
+        tokens, tmask, truncated = self._action_tokens(obs.prompt, obs.state, text)
+        return ModelInputs(images, masks, tokens, tmask, truncated, text)
 
     # ---- actions ---------------------------------------------------------------------------------------------------
     def unnormalize_actions(self, actions) -> np.ndarray:

@@ -52,15 +52,15 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
     from oxygen_ros.engine.engine import Engine, EngineConfig  # noqa: PLC0415
     from oxygen_ros.model import (Processor, SamplingParams, build_model, get_config,  # noqa: PLC0415
                                   load_checkpoint, load_tokenizer)
+    from oxygen_ros.model.compiled import resolve_compile, resolve_device  # noqa: PLC0415
 
     s = settings
     if int(s.torch_threads) > 0:
         torch.set_num_threads(int(s.torch_threads))
-    device = s.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(s.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigureError(f"device {device!r} requested but CUDA is not available")
+    compile_mode = resolve_compile(s.compile, device)
     dtype = s.dtype or None
     overrides = {}
     if s.prefix_attention:
@@ -120,13 +120,15 @@ def build_engine(settings: Settings, *, on_actions: Callable, on_token: Callable
         memory_prompt=s.memory_prompt,
         # memory requests are scheduled by the pipeline on the node's clock (sim time, bag time), not here
         memory_interval_s=None,
-        compile=s.compile,
+        compile=compile_mode,
     )
     engine = Engine(model, processor, ec, on_actions=on_actions, on_token=on_token, on_finished=on_finished)
     info += f"; engine {ec.mode}, k={ec.decode_k}, KV {engine.pool.capacity_bytes / 2**20:.1f} MiB"
-    if s.compile != "none":                 # graphs are built here (configure), never in a control cycle
-        cs = engine.warmup()
-        info += f"; compile {cs['compile']} ({cs['compile_graphs']} graphs in {cs['compile_s']:.1f} s"
+    info += f"; device {device}{' (auto)' if s.device in ('', 'auto') else ''}, dtype {cfg.dtype}"
+    cs = engine.warmup()                    # graphs are built here (configure), never in a control cycle
+    info += f"; compile {cs['compile']}{' (auto)' if s.compile == 'auto' else ''}"
+    if compile_mode != "none":
+        info += f" ({cs['compile_graphs']} graphs in {cs['compile_s']:.1f} s"
         info += f", FELL BACK TO EAGER: {cs['compile_error']})" if cs["compile_error"] else ")"
     return BuiltEngine(engine, info, processor.action_dims, cfg.action_horizon, cfg.action_dim, cfg.image_size,
                        ec.max_batch)

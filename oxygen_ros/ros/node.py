@@ -456,7 +456,7 @@ class OxygenNode(LifecycleNode):
             "engine": {k: v for k, v in em.items() if k.startswith("kv_") or k.startswith("requests_")
                        or k in ("frames", "tokens_total", "deadline_misses", "k_mean", "ttft_ms_p50",
                                 "action_latency_ms_p50", "cycle_ms_p50", "cycle_ms_p99", "compile", "compile_s",
-                                "compile_eager_calls")},
+                                "compile_eager_calls", "compile_graphs", "device", "dtype")},
         }
 
     def _publish_diagnostics(self) -> None:

@@ -34,7 +34,7 @@ PARAMETERS: dict[str, tuple] = {
                                "`demo` = the shipped simulation policy; empty = random weights of `preset`.", None),
     "preset": (STRING, "tiny", "Model architecture when no checkpoint is given.",
                ("tiny", "bench-cpu", "demo", "pi05")),
-    "device": (STRING, "cpu", "Torch device: cpu, cuda, cuda:N or auto.", None),
+    "device": (STRING, "auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda or cuda:N.", None),
     "torch_threads": (INT, 1, "Torch intra-op CPU threads; 0 = torch's default (all cores). 1 keeps the control "
                               "thread responsive and avoids OpenMP oversubscription on shared CPUs.", (0, 1024)),
     "dtype": (STRING, "", "Weights/compute dtype; empty = the preset's or checkpoint's.",
@@ -44,9 +44,11 @@ PARAMETERS: dict[str, tuple] = {
     "denoise_steps": (INT, 0, "Flow-matching Euler steps; 0 = the model's.", (0, 100)),
     "seed": (INT, 0, "Seed for random weights and action noise.", (0, 2**31 - 1)),
     "engine_mode": (STRING, "oxygen", "Engine scheduling mode.", ("oxygen", "shared", "isolated")),
-    "compile": (STRING, "none", "Hot path execution: none (eager), inductor (torch.compile, CPU/GPU), cudagraphs "
-                                "(GPU: CUDA graphs per shape bucket). Graphs are built at configure; a compile "
-                                "failure falls back to eager with a warning.", ("none", "inductor", "cudagraphs")),
+    "compile": (STRING, "auto", "Hot path execution: auto (CUDA: cudagraphs, the fastest measured; else none), none "
+                                "(eager), inductor (torch.compile, CPU/GPU), cudagraphs (GPU: inductor in CUDA graphs "
+                                "per shape bucket), inductor-graphs (GPU: autotuned inductor in the package's own CUDA "
+                                "graphs). Graphs are built at configure; a compile failure falls back to eager with a "
+                                "warning.", ("auto", "none", "inductor", "cudagraphs", "inductor-graphs")),
     "decode_k": (INT, 5, "Language tokens per request per cycle (oxygen mode).", (1, 256)),
     "adaptive_k": (BOOL, False, "Deadline-aware k from the frame period (needs frame_rate_hz > 0).", None),
     "max_new_tokens": (INT, 32, "Max generated tokens per language request.", (1, 4096)),

@@ -5,9 +5,10 @@ arrivals and mixed lengths optional), measures the component costs (prefill, act
 batched decode step per batch size), derives the ideal oxygen-over-isolated speedup they imply, runs each mode with
 warm-up excluded, checks that the modes produced the same action chunks and the same tokens, and writes a table,
 JSON (with the hardware named) and a PNG (action Hz vs tokens/s per mode, and the k/N sweep when run).
-With ``--compile inductor|cudagraphs`` every measurement is taken twice in the same run, eager and compiled, on the
-same model and inputs: component costs per step side by side, each mode eager and compiled (interleaved frame by
-frame), the compile time per graph, and the dispatched operators per denoise / decode step from the profiler (the
+With ``--compile inductor|cudagraphs|inductor-graphs`` every measurement is taken twice in the same run, eager and
+compiled, on the same model and inputs: component costs per step side by side, each mode eager and compiled
+(interleaved frame by frame), the compile time per graph, and the dispatched operators per prefill / denoise / decode
+step from the profiler (the
 launch-overhead proxy: on a GPU also the CUDA kernels launched); ``--bf16-check`` reports the action difference bf16 vs
 fp32 on the same inputs (tiny dims) so a GPU's tolerance is known before one is used.  Imports no ROS.
 

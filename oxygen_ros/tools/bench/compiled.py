@@ -22,14 +22,18 @@ _VIEW_OPS = {"aten::as_strided", "aten::view", "aten::expand", "aten::transpose"
              "aten::empty", "aten::reshape", "aten::permute", "aten::t", "aten::slice", "aten::select",
              "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::alias", "aten::_unsafe_view",
              "aten::lift_fresh", "aten::empty_strided", "aten::_reshape_alias", "aten::resolve_neg",
-             "aten::unflatten", "aten::split", "aten::chunk", "aten::narrow", "aten::contiguous"}
+             "aten::unflatten", "aten::split", "aten::chunk", "aten::narrow", "aten::contiguous",
+             "aten::split_with_sizes", "aten::unbind"}
 
 
 def op_counts(fn, device) -> dict:
     """Operators one call of ``fn`` dispatches, from the profiler: ``ops`` = leaf ATen operators that compute (views
-    and allocations left out); on CUDA also ``kernels`` = device kernels launched.  Eager: every tensor op is one;
-    compiled: the fused kernels replace them (on CPU inductor's C++ kernels are not dispatcher ops, so what is left is
-    the matmuls / attention it calls out to) - the launch-overhead proxy."""
+    and allocations left out; on CPU this includes the internals of composite operators, e.g. the ~10 of
+    ``F.rms_norm``, and the scalar conversions of ``x + 1e-6``, and leaves out operators with children, e.g. ``mm``);
+    ``calls`` = the ATen operators the Python code issues (top level, views left out: one ``linear``, one
+    ``scaled_dot_product_attention``, one ``rms_norm`` each); on CUDA also ``kernels`` = device kernels launched.
+    Eager: every tensor op is one; compiled: the fused kernels replace them (on CPU inductor's C++ kernels are not
+    dispatcher ops, so what is left is the matmuls / attention it calls out to) - the launch-overhead proxy."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
     fn()
@@ -38,8 +42,10 @@ def op_counts(fn, device) -> dict:
         fn()
         sync(device)
     ev = prof.events()
-    ops = sum(1 for e in ev if e.name.startswith("aten::") and not e.cpu_children and e.name not in _VIEW_OPS)
-    out = {"ops": ops}
+    aten = [e for e in ev if e.name.startswith("aten::") and e.name not in _VIEW_OPS]
+    ops = sum(1 for e in aten if not e.cpu_children)
+    calls = sum(1 for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    out = {"ops": ops, "calls": calls}
     if torch.device(device).type == "cuda":
         out["kernels"] = sum(1 for e in ev if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
     return out
@@ -47,17 +53,20 @@ def op_counts(fn, device) -> dict:
 
 @torch.no_grad()
 def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Optional[int] = None,
-                   block_size: int = 16) -> dict:
-    """op_counts of one denoise step (one S-step sample_actions / S) and of one decode step at ``batch`` rows."""
+                   block_size: int = 16, pool: Optional[KVPool] = None) -> dict:
+    """op_counts of one prefill, one denoise step (one S-step sample_actions / S) and one decode step at ``batch``
+    rows."""
     dev = next(model.parameters()).device
     cfg = model.cfg
     mi = processor.prepare(obs)
     args = (mi.images.to(dev), mi.image_masks.to(dev), mi.tokens.to(dev), mi.token_masks.to(dev))
     pre = model.prefill(*args, want_logits=True)
+    prefill = op_counts(lambda: model.prefill(*args, want_logits=True), dev)
     noise = torch.zeros((1, cfg.action_horizon, cfg.action_dim), device=dev)
     den = op_counts(lambda: model.sample_actions(pre, noise, S), dev)
-    pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
-                              block_size=block_size, dtype=model.dtype, device=dev)   # the run's pool: graphs reused
+    if pool is None:                                  # the run's pool shape (a compiled run passes its pool)
+        pool = KVPool.from_config(cfg, num_blocks=num_blocks or (pool_blocks(cfg, block_size) + batch * 4 + 4),
+                                  block_size=block_size, dtype=model.dtype, device=dev)
     if isinstance(model, CompiledModel):
         model.warmup(pool)
     kv = KVCacheManager(pool, max_batch=batch)
@@ -71,7 +80,7 @@ def step_op_counts(model, processor, obs, S: int, batch: int, num_blocks: Option
     dec = op_counts(lambda: model.decode(DecodeBatch(ids, pos, w, r, m), pool), dev)
     for st in rows:
         kv.finish(st, "length")
-    return {"denoise_step": {k: v / S for k, v in den.items()}, f"decode_step_b{batch}": dec}
+    return {"prefill": prefill, "denoise_step": {k: v / S for k, v in den.items()}, f"decode_step_b{batch}": dec}
 
 
 @torch.no_grad()

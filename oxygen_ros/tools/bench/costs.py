@@ -41,12 +41,13 @@ def _median_time(fn, reps: int, device) -> float:
 
 @torch.no_grad()
 def measure_components(model, processor, obs: Observation, N: int, S: int, batch_sizes, reps: int = 5,
-                       block_size: int = 16, num_blocks: Optional[int] = None) -> dict:
+                       block_size: int = 16, num_blocks: Optional[int] = None, pool: Optional[KVPool] = None) -> dict:
     """Median costs (seconds) of the primitives the engine composes: one prefill (batch 1, with logits), one action
     sampling of S steps (and per step), one batched decode step at each batch size (an int n means 1..n) reading a
     real frame prefix plus ~N/2 private tokens (index building included, as the engine pays it). The samples are
     taken in rounds (prefill, actions, one decode step per batch size, repeated) so that load bursts on a shared
-    machine spread over all components alike; raw samples are kept for combine_costs()."""
+    machine spread over all components alike; raw samples are kept for combine_costs().  ``pool``: a free KV pool
+    to use (a compiled run's: its decode graphs are built for it), else one of ``num_blocks`` is made."""
     if isinstance(batch_sizes, int):
         batch_sizes = range(1, batch_sizes + 1)
     batch_sizes = sorted(set(int(b) for b in batch_sizes if b >= 1))
@@ -61,9 +62,12 @@ def measure_components(model, processor, obs: Observation, N: int, S: int, batch
     warm = max(2, N // 2 - meas // 2)
     total = sum(batch_sizes)
     need = len(batch_sizes) * (pool_blocks(cfg, block_size) + 1) + total * (-(-(warm + meas + 2) // block_size) + 1) + 8
+    num_blocks = pool.num_blocks if pool is not None else num_blocks
     if num_blocks is not None and num_blocks < need:
         raise ValueError(f"measure_components needs {need} KV blocks, got {num_blocks}")
-    pool = KVPool.from_config(cfg, num_blocks=num_blocks or need, block_size=block_size, dtype=model.dtype, device=dev)
+    if pool is None:
+        pool = KVPool.from_config(cfg, num_blocks=num_blocks or need, block_size=block_size, dtype=model.dtype,
+                                  device=dev)
     if isinstance(model, CompiledModel):
         model.warmup(pool)          # cudagraphs: decode graphs are per pool (a no-op for inductor's shape-keyed ones)
     kv = KVCacheManager(pool, max_batch=total)

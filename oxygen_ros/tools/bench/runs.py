@@ -24,14 +24,14 @@ class _Run:
     """One engine configuration under test, with what it emitted during the timed frames."""
 
     def __init__(self, model, processor, mode, arrivals, *, N, k, S, target_period_s=None, block_size=16,
-                 warmup=None, compile="none", shapes=None):
-        self.arrivals, self.warmup = arrivals, warmup
+                 warmup=None, compile="none", shapes=None, frames=None, pool=None):
+        self.arrivals, self.warmup, self.frames = arrivals, warmup, frames   # frames: timed frames (None = all)
         max_rows = max(16, max(len(a) for a in arrivals) * (math.ceil(2 * N / (1 if k == "adaptive" else k)) + 2))
         shapes = dict(shapes or {})          # one KV pool shape and compile shapes for every engine of a run
         self.eng = Engine(model, processor, EngineConfig(
             mode=mode, decode_k=k, max_new_tokens=N, denoise_steps=S, max_batch=shapes.pop("max_batch", max_rows),
             max_pending=10_000, kv_block_size=block_size, target_period_s=target_period_s, k_max=max(64, 2 * N),
-            compile=compile, **shapes))
+            compile=compile, **shapes), pool=pool)
         self.eng.warmup()                    # compile: graphs built before any frame (a no-op for none)
         self.actions, self.order, self.texts = [], [], {}
         # request latencies on this engine's own clock (sum of its frame times), so that interleaving with the
@@ -98,46 +98,58 @@ class _Run:
 
 def run_all(model, processor, specs: dict, frames: list, noise: list, *, warmup: int, interleave: bool = True,
             log=None) -> dict:
-    """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size). Each run gets warm-up frames (untimed;
-    they also fill oxygen's pipeline, so timing starts in steady state) and then the same timed frames.
+    """specs: name -> dict(mode, arrivals, N, k, S, target_period_s, block_size, [frames, pool, compile, shapes]).
+    Each run gets warm-up frames (untimed; they also fill oxygen's pipeline, so timing starts in steady state) and
+    then the same timed frames (the first ``frames`` of them when a spec gives fewer, e.g. a slow eager reference).
+    ``pool``: a free KV pool for the run's engine (compiled runs reuse pools, and with them their decode graphs).
     interleave=True runs the modes frame by frame in rotating order, so that the load of a shared machine falls on
     all of them alike; False runs them back to back."""
     runs = {name: _Run(model, processor, **sp) for name, sp in specs.items()}
     for r in runs.values():
         r.warm(frames, noise, warmup if r.warmup is None else r.warmup)
     names = list(runs)
+    def timed(r, i):
+        return r.frames is None or i < r.frames
+
     if interleave:
         for i, (obs, nz) in enumerate(zip(frames, noise)):
             for j in range(len(names)):
-                runs[names[(i + j) % len(names)]].frame(i, obs, nz)
+                r = runs[names[(i + j) % len(names)]]
+                if timed(r, i):
+                    r.frame(i, obs, nz)
     else:
         for name in names:
             t = time.perf_counter()
             for i, (obs, nz) in enumerate(zip(frames, noise)):
-                runs[name].frame(i, obs, nz)
+                if timed(runs[name], i):
+                    runs[name].frame(i, obs, nz)
             if log:
                 log(f"{name} done in {time.perf_counter() - t:.1f}s")
     return {name: r.finish(frames) for name, r in runs.items()}
 
 
 def compare(results: dict, base: str = "isolated") -> dict:
-    """Max relative action difference and token equality of each mode against `base`."""
+    """Max relative action difference and token equality of each mode against `base`, over the frames and requests
+    both ran (a run with fewer timed frames is compared on those)."""
     out = {}
     if base not in results:
         return out
     a0, t0 = results[base]["actions"], results[base]["tokens"]
     for name, r in results.items():
-        if name == base or name.endswith("N=k") or r["actions"].shape != a0.shape:
+        a1, t1 = r["actions"], r["tokens"]
+        if name == base or name.endswith("N=k") or a1.shape[1:] != a0.shape[1:]:
             continue
-        rel = float(np.max(np.abs(r["actions"] - a0)) / max(1e-12, float(np.max(np.abs(a0)))))
-        same = sum(1 for x, y in zip(r["tokens"], t0) if x is not None and x == y)
-        out[name] = {"actions_max_rel_diff": rel, "requests_same_tokens": same, "requests": len(t0)}
+        n, m = min(len(a0), len(a1)), min(len(t0), len(t1))
+        rel = float(np.max(np.abs(a1[:n] - a0[:n])) / max(1e-12, float(np.max(np.abs(a0[:n])))))
+        same = sum(1 for x, y in zip(t1[:m], t0[:m]) if x is not None and x == y)
+        out[name] = {"actions_max_rel_diff": rel, "requests_same_tokens": same, "requests": m, "frames": n}
     return out
 
 
-def run_sweep(model, processor, cfg, a, costs, shapes=None) -> list:
+def run_sweep(model, processor, cfg, a, costs, shapes=None, pools=None) -> list:
     """The k/N grid: for each N of ``a.sweep_n``, isolated and oxygen at each k of ``a.sweep_k`` on
-    ``a.sweep_frames`` frames (``a``: the command's arguments), with the ideal speedup of ``costs`` beside each."""
+    ``a.sweep_frames`` frames (``a``: the command's arguments), with the ideal speedup of ``costs`` beside each;
+    compiled when ``a.compile`` is set, the engines then on ``pools(i)`` (free pools whose graphs exist)."""
     Ns = [int(x) for x in a.sweep_n.split(",")]
     ks = [int(x) for x in a.sweep_k.split(",")]
     n = a.sweep_frames
@@ -151,6 +163,9 @@ def run_sweep(model, processor, cfg, a, costs, shapes=None) -> list:
         for k in ks:
             specs[f"oxygen_k{k}"] = dict(mode="oxygen", arrivals=arr, N=N, k=k, S=a.S, block_size=a.block_size,
                                          warmup=math.ceil(N / k) + 1, **c)
+        if pools is not None and a.compile != "none":
+            for i, sp in enumerate(specs.values()):
+                sp["pool"] = pools(i)
         res = run_all(model, processor, specs, frames, noise, warmup=2, interleave=not a.sequential)
         iso = res["isolated"]["metrics"]
         for k in ks:

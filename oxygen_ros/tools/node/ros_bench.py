@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds ignored after the first chunk")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--checkpoint", default="")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="policy device: auto (cuda when available) | cpu | cuda[:N]")
     p.add_argument("--horizon", type=int, default=50, help="action horizon for random weights (default 50)")
     p.add_argument("--control-rate", type=float, default=70.0)
     p.add_argument("--bag", default="")

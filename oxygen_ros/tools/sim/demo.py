@@ -37,7 +37,7 @@ def main(argv=None) -> int:
                                                         "\"\" = random weights of --preset)")
     p.add_argument("--preset", default="tiny", help="model preset without checkpoint (default: %(default)s)")
     p.add_argument("--engine-mode", default="oxygen", choices=("oxygen", "shared", "isolated"))
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="policy device: auto (cuda when available) | cpu | cuda[:N]")
     p.add_argument("--bag", default="", help="the open-loop demo instead: replay this bag (or `synthetic`)")
     p.add_argument("--duration", type=float, default=20.0, help="--bag: seconds of live run (default: %(default)s)")
     p.add_argument("--horizon", type=int, default=50,
