@@ -11,11 +11,13 @@ import time
 
 import pytest
 
-from conftest import NodeProcess, require_ros, start_replay, stop_proc
+from conftest import TIMING_GROUP, NodeProcess, require_ros, start_replay, stop_proc
 
 require_ros()
 
 from test_node import BASE_PARAMS, STARTUP_S  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
 
 SEQUENCES = {
     "sigint": [signal.SIGINT],
