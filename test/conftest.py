@@ -10,7 +10,8 @@ stop with SIGINT/SIGTERM and measure the exit time), ``start_replay`` (``oxygen 
 ``ros`` fixture (an in-process rclpy node spun in a background thread, with ``collect``/``publisher``/``wait_for``
 helpers), ``ProcessWatch`` (every process started below this one, recorded while alive, so orphans are found and
 killed) and ``synthetic_bag`` (a short bag made once per session).  Tests needing ROS skip visibly when rclpy or the
-generated ``oxygen_ros.msg`` cannot be imported.
+generated ``oxygen_ros.msg`` cannot be imported.  For ``make test``'s two workers (``--dist loadgroup``) an unmarked
+test joins its file's group and the files marked ``xdist_group(TIMING_GROUP)`` share one worker.
 """
 from __future__ import annotations
 

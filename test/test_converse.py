@@ -56,7 +56,8 @@ class GoalRun:
     def __init__(self, env, prompt: str, **fields):
         self.ros, self.raw = env.ros, env.raw_feedback
         fut = env.client.send_goal_async(Converse.Goal(prompt=prompt, **fields))
-        assert self.ros.wait_for(fut.done, 30), "no goal response"
+        assert self.ros.wait_for(fut.done, 30), (f"no goal response (test executor's last error: "
+                                                 f"{self.ros._spin.last_error!r})\n" + env.node.log()[-2000:])
         self.handle = fut.result()
         self.result_fut = self.handle.get_result_async() if self.handle.accepted else None
 
