@@ -42,11 +42,12 @@ $(VENV)/.launch-stamp: $(VENV)/.deps-stamp requirements-launch.txt $(wildcard $(
 	$(PY) -m pip check
 	touch $@
 
-# TEST_WORKERS=2 runs two files at once (one per core: ~6.5 instead of ~10.5 min here), but then the tests that assert
-# the node's 70 Hz control rate share the cores with a compile test and can miss their bound (seen once: 54.7 Hz < 56).
-TEST_WORKERS ?= 1
+# Two pytest-xdist workers (one per core). --dist loadgroup: a file's tests share a worker (test/conftest.py gives an
+# unmarked test its file's group), and the files marked xdist_group("timing") - node, player and launch processes -
+# all run on one worker, one after another. TEST_WORKERS=1 runs everything in one worker.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile test $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup test $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/oxygen demo $(DEMO_ARGS)

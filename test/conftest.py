@@ -10,7 +10,8 @@ stop with SIGINT/SIGTERM and measure the exit time), ``start_replay`` (``oxygen 
 ``ros`` fixture (an in-process rclpy node spun in a background thread, with ``collect``/``publisher``/``wait_for``
 helpers), ``ProcessWatch`` (every process started below this one, recorded while alive, so orphans are found and
 killed) and ``synthetic_bag`` (a short bag made once per session).  Tests needing ROS skip visibly when rclpy or the
-generated ``oxygen_ros.msg`` cannot be imported.
+generated ``oxygen_ros.msg`` cannot be imported.  For ``make test``'s two workers (``--dist loadgroup``) an unmarked
+test joins its file's group and the files marked ``xdist_group(TIMING_GROUP)`` share one worker.
 """
 from __future__ import annotations
 
@@ -42,6 +43,26 @@ os.environ["PATH"] = os.pathsep.join([_BIN] + [p for p in os.environ.get("PATH",
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")          # headless rendering for the simulation (before mujoco is imported)
 os.environ.setdefault("RCUTILS_COLORIZED_OUTPUT", "0")
+
+
+# -- two workers (make test: pytest-xdist --dist loadgroup) ----------------------------------------------------------
+TIMING_GROUP = "timing"     # pytest.mark.xdist_group(TIMING_GROUP): files that start node / player processes
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.hasplugin("xdist"):     # pytest-xdist registers it itself
+        config.addinivalue_line("markers", "xdist_group(name): run these tests in one pytest-xdist worker")
+
+
+@pytest.hookimpl(tryfirst=True)            # before xdist's own hook reads the marks (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """A test without an ``xdist_group`` mark joins the group of its file, so that ``--dist loadgroup`` keeps a file's
+    tests (and its module fixtures) on one worker as ``--dist loadfile`` does; files marked
+    ``xdist_group(TIMING_GROUP)`` (those running the node, the player or launch as processes) all share one worker, so
+    no two of them load the CPUs at once.  A new test file needs no mark."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +144,18 @@ class RosHelper:
 
     def publisher(self, msg_type, topic: str, qos=10):
         return self.node.create_publisher(msg_type, topic, qos)
+
+    def wait_matched(self, pub, node_name: str | None = None, timeout: float = 30.0) -> None:
+        """Wait until DDS discovery is done for ``pub`` (any publisher, this node's or an in-process node's): the
+        graph lists a subscription of ``node_name`` (if given) on its topic and ``pub`` has matched every subscription
+        the graph lists there, so a message published now reaches them (a fixed sleep was a race under load)."""
+        def ready():
+            subs = self.node.get_subscriptions_info_by_topic(pub.topic_name)
+            return (node_name is None or any(s.node_name == node_name for s in subs)) and \
+                len(subs) > 0 and pub.get_subscription_count() >= len(subs)
+        assert self.wait_for(ready, timeout), (
+            f"{pub.topic_name}: after {timeout:.0f} s the publisher matched {pub.get_subscription_count()} of the "
+            f"subscriptions {[s.node_name for s in self.node.get_subscriptions_info_by_topic(pub.topic_name)]}")
 
     def now(self):
         return self.node.get_clock().now()

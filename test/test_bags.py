@@ -14,6 +14,10 @@ import pytest
 from oxygen_ros.bags import types as bag_types
 from oxygen_ros.tools.bags import replay as bags
 
+from conftest import TIMING_GROUP
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
+
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
 def test_make_bag_contents(tmp_path, storage):
@@ -63,31 +67,39 @@ def test_restamp_rewrites_header_in_cdr():
     assert ts.deserialize_cdr(ts.serialize_cdr(String(data="x"), "std_msgs/msg/String"), "std_msgs/msg/String").data
 
 
-def test_replay_process_delivers_at_recorded_timing(ros, synthetic_bag, tmp_path):
+def test_replay_process_delivers_at_recorded_timing(ros, tmp_path):
+    """A 2 s bag played in full (the counts are the bag's, not those of a wall-clock window), header.stamp
+    rewritten to the time of publication, and paced at the recorded 15 fps judged on those stamps - the player's own
+    clock, not this receiver's (which lags on a loaded machine): in order, median frame interval within
+    [0.6, 1.5] x 1/15 s."""
     from conftest import start_replay, stop_proc
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import String
 
+    fps, duration = 15.0, 2.0
+    bag = bags.make_bag(tmp_path / "bag", duration=duration, fps=fps, width=224, height=224)
+    n_frames, n_joints = int(duration * fps), int(duration * 50)
     imgs = ros.collect(Image, "camera/base/image_raw", qos=50)
     joints = ros.collect(JointState, "joint_states", qos=100)
     prompts = ros.collect(String, "conversation/prompt")
     t_start = ros.now().nanoseconds
-    p = start_replay(synthetic_bag, tmp_path / "replay.log", "--duration", "3")
+    p = start_replay(bag, tmp_path / "replay.log")
     try:
-        assert ros.wait_for(lambda: p.poll() is not None, 30), "replay did not finish"
+        assert ros.wait_for(lambda: p.poll() is not None, 60), "replay did not finish"
         assert p.returncode == 0, (tmp_path / "replay.log").read_text()
-        time.sleep(0.3)
+        # every message was published; a few at the very end may die with the exiting player's DDS writer
+        assert ros.wait_for(lambda: len(imgs) >= n_frames - 3 and len(joints) >= n_joints - 10 and prompts, 10), \
+            (len(imgs), len(joints), len(prompts))
     finally:
         stop_proc(p)
-    # 3 s of a 15 fps bag; allow for start-up / discovery slack
-    assert 30 <= len(imgs) <= 46, len(imgs)
-    assert len(joints) >= 100
-    assert len(prompts) >= 1
-    stamps = [m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec for _, m in imgs]
-    assert min(stamps) >= t_start, "replay restamps header.stamp to the time of publication"
-    recv = np.array([t for t, _ in imgs])
-    gaps = np.diff(recv)
-    assert 0.04 < float(np.median(gaps)) < 0.1          # ~1/15 s
+        for c in (imgs, joints, prompts):
+            ros.uncollect(c)
+    assert len(imgs) <= n_frames and len(joints) <= n_joints
+    stamps = np.array([m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec for _, m in imgs])
+    assert stamps.min() >= t_start, "replay restamps header.stamp to the time of publication"
+    gaps = np.diff(stamps) / 1e9
+    assert (gaps > 0).all(), "frames in order"
+    assert 0.6 / fps <= float(np.median(gaps)) <= 1.5 / fps, np.median(gaps)     # 40-100 ms
     assert imgs[0][1].width == 224 and len(imgs[0][1].data) == 224 * 224 * 3
 
 

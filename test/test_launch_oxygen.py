@@ -31,7 +31,7 @@ from launch.launch_description_sources import PythonLaunchDescriptionSource  # n
 from launch.substitutions import PathJoinSubstitution  # noqa: E402
 from launch_ros.substitutions import FindPackageShare  # noqa: E402
 
-from conftest import CONFIG, require_ros  # noqa: E402
+from conftest import CONFIG, TIMING_GROUP, require_ros  # noqa: E402
 
 require_ros()
 from rclpy.parameter import parameter_value_to_python  # noqa: E402
@@ -41,6 +41,8 @@ from sensor_msgs.msg import Image  # noqa: E402
 
 from oxygen_ros.msg import ActionChunk  # noqa: E402
 from oxygen_ros.tools.bags.replay import make_bag  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
 
 BAG_START_NS = 1_000_000_000 * 1_000_000_000     # 2001-09-09: bag time, far from wall time (sim-time check)
 BAG_DURATION_S = 4.0
@@ -152,8 +154,9 @@ def test_oxygen_launch_brings_up_the_node_with_its_arguments(ros, process_watch,
     assert sorted(n.rsplit("-", 1)[0] for n in launched.started) == ["oxygen_node", "test_replay"], launched.started
     yield
     _check_clean_exit(launched, process_watch)
-    # the node leaves the ROS graph (DDS discovery takes a moment to tell the other participants)
-    assert ros.wait_for(lambda: ("oxygen_node", "/robot1") not in ros.node.get_node_names_and_namespaces(), 5.0)
+    # the node leaves the ROS graph (DDS discovery takes a moment to tell the other participants; seconds on a loaded
+    # machine, still well before the 20 s lease would expire)
+    assert ros.wait_for(lambda: ("oxygen_node", "/robot1") not in ros.node.get_node_names_and_namespaces(), 10.0)
 
 
 # -- replay.launch.py: node + the oxygen player, on wall time and on sim time ----------------------------------------

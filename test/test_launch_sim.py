@@ -23,7 +23,7 @@ import oxygen_ros.sim  # noqa: E402,F401 - MUJOCO_GL before mujoco
 
 pytest.importorskip("mujoco", reason="the simulation needs mujoco (requirements.txt)")
 
-from conftest import require_ros  # noqa: E402
+from conftest import TIMING_GROUP, require_ros  # noqa: E402
 from test_launch_oxygen import UP_TIMEOUT_S, LaunchedProcesses, _check_clean_exit, _describe  # noqa: E402
 
 require_ros()
@@ -34,6 +34,8 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint  # noqa: E
 
 from oxygen_ros.msg import ActionChunk  # noqa: E402
 from oxygen_ros.sim.scene import JOINTS  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
 
 SIM_EPOCH_S = 1000.0        # sim_node's clock starts here
 

@@ -84,7 +84,8 @@ def _res(rid, kind, text, reason, n=0, prompt="p", fi=7):
 def test_token_stream_both_orders_and_rejection(ros, node):
     toks = ros.collect(LanguageToken, "language/tokens", qos=100)
     resp = ros.collect(String, "conversation/response", qos=100)
-    time.sleep(0.5)
+    ros.wait_matched(node.pub.tokens)
+    ros.wait_matched(node.pub.response_text)
     # order 1: tokens, final token, then on_finished
     for i, t in enumerate(["he", "ll"]):
         node.pipeline._on_token(_tok(1, "conversation", i, t))
@@ -111,7 +112,7 @@ def test_token_stream_both_orders_and_rejection(ros, node):
 
 def test_memory_entries_are_stored_with_continuing_ids(ros, node):
     mem = ros.collect(MemoryEntry, "memory/entries", qos=100)
-    time.sleep(0.5)
+    ros.wait_matched(node.pub.memory_entries)
     node.pipeline._on_actions(ActionResult(9, 1, 1700000000.25, np.zeros((4, 3), np.float32), 5.0))
     for rid in (10, 11):
         node.pipeline._on_token(_tok(rid, "memory", 0, "a red ", fi=9))
@@ -138,7 +139,7 @@ def test_invalid_chunk_is_dropped(node):
 
 def test_control_tick_publishes_named_remainder(ros, node):
     chunks = ros.collect(ActionChunk, "action_chunk", qos=100)
-    time.sleep(0.5)
+    ros.wait_matched(node.pub.actions)
     stamp = time.time()
     node.pipeline._on_actions(ActionResult(5, 200, stamp, np.arange(12, dtype=np.float32).reshape(4, 3), 3.0))
     assert ros.wait_for(lambda: any(m.chunk_id == 200 for _, m in chunks), 5)
@@ -185,7 +186,8 @@ def test_image_rejections_and_prompt_limits(node):
 def test_prompt_ids_drops_and_rejections_are_published(ros, node):
     toks = ros.collect(LanguageToken, "language/tokens", qos=100)
     results = ros.collect(ConversationResponse, "conversation/result", qos=100)
-    time.sleep(0.5)
+    ros.wait_matched(node.pub.tokens)
+    ros.wait_matched(node.pub.results)
     inputs, eng = node.pipeline.inputs, node.pipeline.engine
     inputs.take(max_prompts=100)                      # earlier tests left prompts queued
     for i in range(5):                                # queue of 3: q0 and q1 are dropped

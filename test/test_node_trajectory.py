@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import NodeProcess, require_ros
+from conftest import TIMING_GROUP, NodeProcess, require_ros
 
 require_ros()
 
@@ -24,6 +24,8 @@ from oxygen_ros.msg import ActionChunk  # noqa: E402
 from oxygen_ros.tools.bags.replay import JOINT_NAMES  # noqa: E402
 
 from test_node import BASE_PARAMS, STARTUP_S, Env, stamp_ns  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
 
 RATE = 70.0
 STEP_NS = int(round(1e9 / RATE))
@@ -40,22 +42,51 @@ def traj_env(ros, tmp_path_factory, synthetic_bag):
             params={"outputs": ["action_chunk", "joint_trajectory"], "memory_interval_s": 0.0,
                     "subtask_enabled": False, "action_limits_min": [-LIMIT] * len(JOINT_NAMES),
                     "action_limits_max": [LIMIT] * len(JOINT_NAMES)})
-    e.traj = ros.collect(JointTrajectory, "joint_trajectory", qos=100, keep=500)
+    e.traj = e.collect(JointTrajectory, "joint_trajectory", qos=100, keep=500)
     e.start_node("traj_node")
     e.start_replay()
     e.wait_chunks()
     yield e
     e.close()
-    ros.uncollect(e.traj)
+
+
+def _chunk_rows_checked(trajs, chunks, check: bool) -> int:
+    """For each trajectory (not the first or last received), the action_chunk messages of its chunk: each must
+    publish exactly the trajectory's points from the row whose slot contains its tick (asserted when ``check``);
+    returns how many messages were compared."""
+    matched = 0
+    for t in trajs[1:-1]:
+        n = len(t.points)
+        pos = np.array([p.positions for p in t.points])
+        t0 = stamp_ns(t.header.stamp)
+        # the action_chunk messages of this chunk: the first tick at/after the slot after the first point's, and
+        # every later one with the same chunk_id
+        later = sorted((m for m in chunks if stamp_ns(m.start_time) >= t0 + STEP_NS),
+                       key=lambda m: stamp_ns(m.start_time))
+        if not later:
+            continue
+        cid = later[0].chunk_id
+        # header.stamp = when the first point is due: every action_chunk tick of this chunk (at any delay of the
+        # control thread - no timing bound, it was flaky under load) publishes exactly the trajectory's points from
+        # the row whose slot contains the tick, counted from the stamp
+        for m in (m for m in later if m.chunk_id == cid):
+            if check:
+                off = int(np.floor((stamp_ns(m.start_time) - t0) / STEP_NS + 1e-6))
+                rows = np.asarray(m.actions, np.float32).reshape(m.horizon, m.action_dim)
+                assert off + m.horizon == n, (off, m.horizon, n)
+                np.testing.assert_array_equal(rows, pos[off:].astype(np.float32))
+            matched += 1
+    return matched
 
 
 def test_joint_trajectory_contents(traj_env):
     e = traj_env
-    time.sleep(3.0)
+    # counted events, not a window of time: 8 trajectories and 10 action_chunk messages of their chunks
+    assert e.ros.wait_for(lambda: len(e.traj) >= 8 and _chunk_rows_checked(
+        [m for _, m in list(e.traj)], [m for _, m in list(e.chunks)], check=False) >= 10, 90), \
+        f"{len(e.traj)} trajectories (one per new chunk):\n" + e.node.log()[-2000:]
     trajs = [m for _, m in list(e.traj)]
     chunks = [m for _, m in list(e.chunks)]
-    assert len(trajs) >= 5, "one trajectory per new chunk:\n" + e.node.log()[-2000:]
-    matched = 0
     for t in trajs[1:-1]:
         assert list(t.joint_names) == list(JOINT_NAMES)
         n = len(t.points)
@@ -71,36 +102,23 @@ def test_joint_trajectory_contents(traj_env):
             want[1:-1] = (pos[2:] - pos[:-2]) / (2 * dt)
             want[0], want[-1] = (pos[1] - pos[0]) / dt, (pos[-1] - pos[-2]) / dt
         np.testing.assert_allclose(vel, want, rtol=1e-6, atol=1e-6)
-        t0 = stamp_ns(t.header.stamp)
-        # the action_chunk messages of this chunk: the first tick at/after the slot after the first point's, and
-        # every later one with the same chunk_id
-        later = sorted((m for m in chunks if stamp_ns(m.start_time) >= t0 + STEP_NS),
-                       key=lambda m: stamp_ns(m.start_time))
-        if not later:
-            continue
-        cid = later[0].chunk_id
-        # header.stamp = when the first point is due: every action_chunk tick of this chunk (at any delay of the
-        # control thread - no timing bound, it was flaky under load) publishes exactly the trajectory's points from
-        # the row whose slot contains the tick, counted from the stamp
-        for m in (m for m in later if m.chunk_id == cid):
-            off = int(np.floor((stamp_ns(m.start_time) - t0) / STEP_NS + 1e-6))
-            rows = np.asarray(m.actions, np.float32).reshape(m.horizon, m.action_dim)
-            assert off + m.horizon == n, (off, m.horizon, n)
-            np.testing.assert_array_equal(rows, pos[off:].astype(np.float32))
-            matched += 1
-    assert matched >= 10, matched
+    assert _chunk_rows_checked(trajs, chunks, check=True) >= 10
 
 
 def test_no_trajectory_publisher_by_default(ros, tmp_path):
     node = NodeProcess(tmp_path / "default.log", {**BASE_PARAMS, "memory_db": "", "memory_interval_s": 0.0},
                        namespace="/plain")
     try:
-        ok = ros.wait_for(lambda: not node.alive() or any(
-            n == "oxygen_node" and ns == "/plain" for n, ns in ros.node.get_node_names_and_namespaces()), STARTUP_S)
+        def topics():
+            if ("oxygen_node", "/plain") not in ros.node.get_node_names_and_namespaces():
+                return set()
+            return {name for name, _ in ros.node.get_publisher_names_and_types_by_node("oxygen_node", "/plain")}
+        # configured and active (outputs' publishers are made at configure) and its publishers discovered
+        ok = ros.wait_for(lambda: not node.alive() or ("active:" in node.log() and "/plain/action_chunk" in topics()),
+                          STARTUP_S)
         assert ok and node.alive(), node.log()[-2000:]
-        time.sleep(1.0)
-        pubs = ros.node.get_publisher_names_and_types_by_node("oxygen_node", "/plain")
-        topics = {name for name, _ in pubs}
+        time.sleep(1.0)                     # any other publisher of the node is discovered by now
+        topics = topics()
         assert "/plain/action_chunk" in topics and "/plain/joint_trajectory" not in topics, topics
     finally:
         node.stop()

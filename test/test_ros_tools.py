@@ -12,9 +12,11 @@ import sys
 
 import pytest
 
-from conftest import REPO, require_ros
+from conftest import REPO, TIMING_GROUP, require_ros
 
 require_ros()
+
+pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
 
 
 def _oxygen(*args, timeout=240):
@@ -59,7 +61,8 @@ def test_demo_closed_loop_short_run(tmp_path):
 
 def test_demo_bag_mode_short_run(tmp_path):
     """``oxygen demo --bag synthetic`` (the open-loop demo) with random weights: the note says so, status lines,
-    streamed answers, summary, PNG timeline and JSON, the control topic at its rate, a clean and quick node exit."""
+    streamed answers, summary, PNG timeline and JSON, the control topic at its rate (the median interval between the
+    node's tick stamps, not this machine's receive times), a clean and quick node exit."""
     r = _oxygen("demo", "--bag", "synthetic", "--checkpoint", "", "--duration", "8", "--device", "cpu",
                 "--out", tmp_path)
     out = r.stdout
@@ -69,7 +72,7 @@ def test_demo_bag_mode_short_run(tmp_path):
     png = tmp_path / "demo_timeline.png"
     assert png.is_file() and png.stat().st_size > 10_000
     s = json.loads((tmp_path / "demo_summary.json").read_text())
-    assert s["control_rate_hz"] >= 0.8 * 70         # measured from the first chunk on
+    assert s["control_rate_hz"] > 0 and 0.5 <= s["control_tick_interval_ms"]["p50"] * 70 / 1e3 <= 2.0, s
     assert s["node_exit_code"] == 0 and s["node_shutdown_s"] < 5.0
     assert s["chunks_computed"] > 5 and s["tokens"] > 0
 
@@ -81,7 +84,9 @@ def test_ros_bench_short_run(tmp_path):
     assert "camera -> chunk" in r.stdout and "action_chunk rate" in r.stdout
     res = json.loads(out.read_text())
     assert res["control_rate_hz"] > 0 and res["camera_to_chunk_ms"]["n"] > 0
-    assert res["interarrival_ms"]["p50"] == pytest.approx(1000 / 70, rel=0.5)
+    # the node's tick interval (start_time differences); the receiver's inter-arrival is reported, not judged
+    assert 0.5 <= res["tick_interval_ms"]["p50"] * 70 / 1e3 <= 2.0, res["tick_interval_ms"]
+    assert res["interarrival_ms"]["n"] > 0
 
 
 def test_ros_bench_smoothness_splits_switch_and_inside_steps():

@@ -164,9 +164,11 @@ def _bag_demo(a) -> int:
     dur = max(1e-6, t_end - t_start)
     arr = np.array([c[0] for c in chunks])
     gaps = np.diff(arr) * 1e3 if arr.size > 1 else np.array([])
+    ticks = np.diff(np.array([c[7] for c in chunks], dtype=np.float64)) / 1e6    # start_time: the node's own clock
     summary = {
         "duration_s": dur, "model": "checkpoint " + a.checkpoint if a.checkpoint else f"random {a.preset}",
         "control_rate_hz": len(chunks) / dur, "control_interarrival_ms": stats_ms(gaps),
+        "control_tick_interval_ms": stats_ms(ticks),
         "chunks_computed": len(new_chunk), "inference_rate_hz": len(new_chunk) / dur,
         "inference_latency_ms": stats_ms(c[5] for c in new_chunk.values()),
         "observation_age_ms": stats_ms(1e3 * c[6] for c in chunks),
