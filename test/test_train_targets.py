@@ -99,12 +99,20 @@ def test_x_t_and_the_velocity_target_follow_the_samplers_convention(monkeypatch)
     a = torch.randn(1, H, A, generator=g)
     n = torch.randn(1, H, A, generator=g)
     states = []
+    times = []
+    real_time_condition = m.time_condition
 
-    def exact_velocity(prefix, x, t, *args, **kw):
-        states.append((float(t[0]), x.clone()))
-        return (x - a) / t[:, None, None]
+    def recording_time_condition(t):                           # the S times the sampler conditions its steps on
+        times.extend(t.tolist())
+        return real_time_condition(t)
 
-    monkeypatch.setattr(m, "velocity", exact_velocity)
+    def exact_velocity(x, mods, *args, **kw):                  # the layers' velocity at the k-th step's time
+        t = times[len(states)]
+        states.append((t, x.clone()))
+        return (x - a) / t
+
+    monkeypatch.setattr(m, "time_condition", recording_time_condition)
+    monkeypatch.setattr(m, "_velocity", exact_velocity)
     out = m.sample_actions(prefix, n, num_steps=S)
     assert torch.allclose(out, a, atol=1e-5)
     assert [t for t, _ in states] == pytest.approx([1.0, 0.75, 0.5, 0.25])
