@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
     o = ap.parse_args(argv)
     policies = o.policy or ["expert", "demo"]
+    names = list(policies)                       # as given (a shipped name rather than its installed path)
     for i, p in enumerate(policies):
         if p in SHIPPED:
             policies[i] = resolve_checkpoint(p)
@@ -134,9 +135,9 @@ def main(argv=None) -> int:
     lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
              "first chunk's planned endpoint displacement vs the named cube's offset)",
              f"{'policy':<48} {'x r':>7} {'x slope':>8} {'y r':>7} {'y slope':>8}"]
-    for r in results:
+    for name, r in zip(names, results):
         s = r["stats"]
-        lines.append(f"{r['policy'][-48:]:<48} {s['x']['r']:>+7.3f} {s['x']['slope']:>+8.3f} "
+        lines.append(f"{name[-48:]:<48} {s['x']['r']:>+7.3f} {s['x']['slope']:>+8.3f} "
                      f"{s['y']['r']:>+7.3f} {s['y']['slope']:>+8.3f}")
     table = "\n".join(lines)
     (out / "grounding.json").write_text(json.dumps({"task": o.task, "results": results}, indent=1))
