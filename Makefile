@@ -2,8 +2,9 @@
 #   make demo   - the main job: the simulated robot (sim_node) driven by the shipped demo policy (oxygen_node), live
 #   make test   - the test suite (what .ci/run runs)
 # Other targets: make setup (environment + package only), make bench (engine benchmark), make ros-bench,
-# make golden (regenerate the bag-eval golden output, test/bag_golden.py), make train-demo (reproduce the shipped
-# demo policy: record expert episodes, train, copy into checkpoints/demo), make eval-demo (its evaluation), make clean.
+# make golden (regenerate the bag-eval golden output, test/bag_golden.py), make train-demo (train a demo policy:
+# expert episodes, training, DAgger rounds -> runs/demo/policy_rN; README "The shipped demo policy"), make eval-demo
+# (the shipped policy's evaluations), make clean.
 # ROS_LAUNCH_WHEELS=<dir>: also install the ROS 2 launch tooling wheels in <dir> (launch, launch_ros, launch_pytest,
 #   ros2launch, ...; not on PyPI, see <dir>/README.md) so test/test_launch_*.py run; .ci/run sets it when
 #   ../shared/ros-launch exists. Unset: launch comes from a ROS install, or those tests skip visibly.
@@ -58,10 +59,12 @@ bench: setup
 ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
 
-# The shipped demo policy, reproduced (checkpoints/demo/README.md has the measured times): expert demonstrations
-# labelled by the state-driven expert (round 0: clean + DART-perturbed, two recorders in parallel), a policy trained
-# on them, then DAGGER_ROUNDS rounds of DAgger (the current policy drives, the expert labels every frame it visits,
-# the policy is fine-tuned on everything so far) -> checkpoints/demo.  Seeds 100000 and up (evaluation: 0-99).
+# A demo policy from scratch: expert demonstrations labelled by the state-driven expert (round 0: clean +
+# DART-perturbed, two recorders in parallel), a policy trained on them, then DAGGER_ROUNDS rounds of DAgger (the
+# current policy drives, the expert labels every frame it visits, the policy is fine-tuned on everything so far)
+# -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Seeds 100000 and up (evaluation: 0-99).  Not yet run end to end (estimated
+# 2.5-3 h on a 2-core VM); checkpoints/demo was trained by the earlier recipe (its card).  Ship a result by copying
+# it to checkpoints/demo once `bench/sim_evals.sh main` shows it better than the shipped one.
 DATA ?= data
 RUN ?= runs/demo
 OXY = $(VENV)/bin/oxygen
@@ -91,7 +94,7 @@ train-demo: setup
 			--lr 2e-4 --warmup 100 $(TRAIN_ARGS); \
 		$(PY) -m oxygen_ros.train.export $(RUN)/r$$r $(RUN)/policy_r$$r; \
 	done
-	$(PY) -m oxygen_ros.train.export $(RUN)/r$(DAGGER_ROUNDS) checkpoints/demo
+	@echo "trained: $(RUN)/policy_r$(DAGGER_ROUNDS) (evaluate: oxygen sim-eval --policy $(RUN)/policy_r$(DAGGER_ROUNDS) ...)"
 
 # The demo policy's evaluations on unseen seeds, recorded under bench/results/.
 # EVALS: any of main joins claim expert (bench/sim_evals.sh says what each is).
