@@ -57,6 +57,9 @@ SMOKE: dict[str, tuple[list[str], list[str]]] = {
     "train": (["{episodes}", "--out", "{tmp}/run", "--preset", "tiny", "--steps", "2", "--batch-size", "2",
                "--vocab-size", "640", "--val-fraction", "0", "--log-every", "1", "--threads", "1", "--quiet"],
               ["run/latest", "run/curves.json"]),
+    "train-vision": (["--out", "{tmp}/vis", "--preset", "tiny", "--scenes", "12", "--val-scenes", "4", "--steps", "2",
+                      "--batch-size", "4", "--eval-every", "1", "--threads", "1"],
+                     ["vis/vision.safetensors", "vis/vision.json"]),
 }
 
 

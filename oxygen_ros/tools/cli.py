@@ -19,6 +19,7 @@
                                 --trace: where and why episodes fail (distance, milestones, stalls)
   oxygen sim-diagnose [...]     visual grounding: does the policy's planned endpoint move with the named cube?
   oxygen train BAGS [...]       train / fine-tune the pi0.5 model on episode bags (torchrun for DDP) -> a checkpoint
+  oxygen train-vision [...]     pretrain the vision tower to locate the cubes in rendered scenes (for --init-vision)
 
 Each subcommand's module is imported only when it is used, so `oxygen bench` and `oxygen smoothness`
 run on a machine without ROS.  Each subcommand's function takes its arguments and returns its exit status (an int:
@@ -46,6 +47,7 @@ COMMANDS = {
     "sim-eval": ("oxygen_ros.tools.sim.eval", "main"),
     "sim-diagnose": ("oxygen_ros.tools.sim.diagnose", "main"),
     "train": ("oxygen_ros.tools.train", "main"),
+    "train-vision": ("oxygen_ros.tools.train_vision", "main"),
 }
 
 

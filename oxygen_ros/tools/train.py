@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                                                    "config/sim_aloha.yaml)")
     ap.add_argument("--preset", default="demo", help="model size to train from scratch (tiny, demo, bench-cpu, pi05)")
     ap.add_argument("--init", default=None, help="start from this checkpoint (fine-tuning; its architecture)")
+    ap.add_argument("--init-vision", default=None, help="a pretrained vision tower (oxygen train-vision's "
+                                                        "vision.safetensors or its folder) for a model built from scratch")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (split over torchrun processes)")
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
                      compile=a.compile,
                      augment=a.augment, seed=a.seed, val_fraction=a.val_fraction, val_every=a.val_every,
                      ckpt_every=a.ckpt_every, log_every=a.log_every, vocab_size=a.vocab_size, horizon=a.horizon,
-                     asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, resume=a.resume,
+                     asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, init_vision=a.init_vision,
+                     resume=a.resume,
                      eval_every=a.eval_every, topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

@@ -68,6 +68,7 @@ class TrainOptions:
     threads: int = 0                       # torch threads; 0 = torch's default
     device: str = "auto"                   # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     init: str | None = None                # checkpoint to start from (fine-tuning)
+    init_vision: str | None = None         # a pretrained vision tower (``vision.py``) for a model built from scratch
     resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
     eval_every: int = 0
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
@@ -206,6 +207,10 @@ class Trainer:
                               else cfg.vocab_size)
             torch.manual_seed(o.seed)
             model = Pi05Model(cfg)
+            if o.init_vision:
+                from .vision import load_vision  # noqa: PLC0415
+                load_vision(model, o.init_vision)
+                self._say(f"vision tower from {o.init_vision}")
         self.cfg, self.norm_stats, self.tok = cfg, ns, tok
         model = model.to(dev)
         model.requires_grad_(True)
