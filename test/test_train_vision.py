@@ -76,19 +76,22 @@ def test_rendered_scenes_are_labelled_with_the_tasks_cubes():
 
 
 def test_pretraining_learns_where_the_cubes_are_on_held_out_scenes(tmp_path):
-    """The demo tower, its own init, 300 steps: presence near-perfect and positions far better than the ~12 cm of
-    a constant guess, on scenes it never trained on (the first val_scenes)."""
+    """The demo tower, its own init, 500 steps of batch 64 (~100 s): presence near-perfect and positions far better
+    than the ~12 cm of a constant guess, on scenes it never trained on (the first val_scenes).  The learning is a
+    plateau then a drop (presence at chance for ~100-200 steps, then right within ~100): measured 1.0 / 1.9 cm at
+    step 400 and 1.0 / 1.85 cm at 500; at step 300 of a 300-step run (lr already decayed) it was still at 0.6 / 10 cm,
+    so the run is kept long enough for the drop with margin."""
     pytest.importorskip("mujoco")
     from oxygen_ros.train.vision import VISION_FILE, VisionOptions, pretrain_vision
-    s = pretrain_vision(VisionOptions(out=str(tmp_path), scenes=1400, val_scenes=200, steps=300, batch_size=48,
-                                      eval_every=150), log=lambda m: None)
+    s = pretrain_vision(VisionOptions(out=str(tmp_path), scenes=2000, val_scenes=200, steps=500, batch_size=64,
+                                      eval_every=100), log=lambda m: None)
     f = s["final"]
     first = s["curve"][0]
     assert f["presence_accuracy"] >= 0.95, s["curve"]
-    assert f["err_cm_p50"] < 6.0 and f["err_cm_p50"] < 0.6 * first["err_cm_p50"], s["curve"]
+    assert f["err_cm_p50"] < 4.0 and f["err_cm_p50"] < 0.4 * first["err_cm_p50"], s["curve"]
     assert (tmp_path / VISION_FILE).is_file()
     saved = json.loads((tmp_path / "vision.json").read_text())
-    assert saved["final"] == f and saved["options"]["steps"] == 300
+    assert saved["final"] == f and saved["options"]["steps"] == 500
 
 
 @pytest.fixture(scope="module")
