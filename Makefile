@@ -60,18 +60,19 @@ ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
 
 # A demo policy from scratch: expert demonstrations labelled by the state-driven expert (round 0: clean +
-# DART-perturbed, two recorders in parallel), a policy trained on them, then DAGGER_ROUNDS rounds of DAgger (the
+# DART-perturbed, two recorders in parallel), a vision tower pretrained to locate the cubes (oxygen train-vision,
+# ~4 min), a policy trained on them from that tower, then DAGGER_ROUNDS rounds of DAgger (the
 # current policy drives, the expert labels every frame it visits, the policy is fine-tuned on everything so far)
-# -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Seeds 100000 and up (evaluation: 0-99).  Not yet run end to end (estimated
-# 2.5-3 h on a 2-core VM); checkpoints/demo was trained by the earlier recipe (its card).  Ship a result by copying
-# it to checkpoints/demo once `bench/sim_evals.sh main` shows it better than the shipped one.
+# -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Seeds 100000 and up (evaluation: 0-99).  checkpoints/demo is round 0 (recording ~14
+# min + vision 4 min + training 47 min on a 2-core VM; its card); the DAgger rounds have not been run (estimated
+# ~1.5 h more).  Ship a result by copying it to checkpoints/demo once `bench/sim_evals.sh main` shows it better.
 DATA ?= data
 RUN ?= runs/demo
 OXY = $(VENV)/bin/oxygen
 DEMO_SEEDS0 ?= 100000:100200
 DEMO_SEEDS0_NOISY ?= 100200:100400
 DEMO_NOISE ?= 0.03
-DEMO_STEPS0 ?= 6000
+DEMO_STEPS0 ?= 5000
 DEMO_DAGGER_EPISODES ?= 100
 DEMO_STEPS_DAGGER ?= 2500
 DAGGER_ROUNDS ?= 2
@@ -81,8 +82,9 @@ train-demo: setup
 	$(OXY) sim-record --out $(DATA)/r0_clean --seeds $(DEMO_SEEDS0) --overwrite --quiet & \
 	$(OXY) sim-record --out $(DATA)/r0_noisy --seeds $(DEMO_SEEDS0_NOISY) --noise $(DEMO_NOISE) --keep-failed \
 		--overwrite --quiet & wait
-	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/r0 --steps $(DEMO_STEPS0) --lr 4e-4 --warmup 300 \
-		$(TRAIN_ARGS)
+	$(OXY) train-vision --out $(RUN)/vision --scenes 10000 --steps 1500 --threads 2
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/r0 --init-vision $(RUN)/vision \
+		--steps $(DEMO_STEPS0) --lr 4e-4 --warmup 300 $(TRAIN_ARGS)
 	$(PY) -m oxygen_ros.train.export $(RUN)/r0 $(RUN)/policy_r0
 	set -e; for r in $$(seq 1 $(DAGGER_ROUNDS)); do \
 		p=$$((r - 1)); a=$$((100400 + 2 * (r - 1) * $(DEMO_DAGGER_EPISODES))); m=$$((a + $(DEMO_DAGGER_EPISODES))); \
