@@ -29,7 +29,12 @@ entry of COMMANDS through the installed `oxygen` script.
 """
 import importlib
 import os
+import signal
 import sys
+
+# the two nodes handle SIGINT/SIGTERM themselves (ros/node.py; rclpy in the sim node); every other command gets
+# _stop_on_sigterm
+OWN_SIGNALS = {"node", "sim"}
 
 COMMANDS = {
     "node": ("oxygen_ros.ros.node", "main"),
@@ -71,7 +76,23 @@ def main(argv=None) -> int:
         return 2
     _default_ament_prefix()
     module, func = COMMANDS[argv[0]]
-    return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
+    if argv[0] in OWN_SIGNALS:
+        return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
+    except KeyboardInterrupt:
+        print(f"oxygen {argv[0]}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _stop_on_sigterm(signum, _frame) -> None:
+    """SIGTERM ends a tool the way Ctrl-C does: an exception in the main thread, so that its ``finally`` blocks stop
+    what it started (sim-eval's worker processes, the demo's and the realtime evaluation's node processes) instead of
+    the default action killing the tool alone and leaving them running.  Once: a second SIGTERM during that cleanup
+    is ignored (the cleanup is bounded: terminate, then join with a timeout)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def exit_status(command: str, result) -> int:

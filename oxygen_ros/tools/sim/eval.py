@@ -152,7 +152,28 @@ class _Worker:
         return out
 
 
+def _die_with_parent() -> None:
+    """A worker never outlives the evaluation that started it, however that one ends (SIGKILL, a second Ctrl-C during
+    its cleanup): on Linux the kernel sends the worker SIGKILL when its parent dies (PR_SET_PDEATHSIG); a parent gone
+    before that was set is caught by the ppid check.  Ctrl-C in a terminal reaches the whole process group: the
+    workers ignore it and the parent, which gets it too, terminates them."""
+    import multiprocessing as mp  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))        # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)
+
+
 def _worker_main(common: dict, jobs, results) -> None:
+    _die_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     w = _Worker(common)
     while True:
