@@ -8,8 +8,8 @@
 #           sim time, 100 unseen seeds per task (issue 19's targets)
 #   joins   chunk joins under latency: none / blend (5 rows cross-faded: one camera period) / rtc x injected delay
 #           0 / 100 / 200 ms, lockstep, reach + pick
-#   claim   the paper's claim, realtime (sim_node + oxygen_node over DDS, real-time factor 0.5: the engine's real
-#           compute time is the delay): isolated / oxygen x language none / demo rates (q1m2) / one question and one
+#   claim   the paper's claim, realtime (sim_node + oxygen_node over DDS, real-time factor 1.0: the engine's real
+#           compute time is the delay, and under a request per frame it - not the 10 Hz camera - bounds the rate): isolated / oxygen x language none / demo rates (q1m2) / one question and one
 #           memory request per camera frame (q0.1m0.1), reach
 #   expert  the scripted expert through the node's action path (issue 18's >= 95 / 95 / 90 %)
 #
@@ -26,9 +26,9 @@ for what in "${@:-main joins claim expert}"; do
   for w in $what; do
     case "$w" in
       main)   ev --policy demo --task reach,pick,transfer --seeds 0:100 --language q1m2 --workers 2 --out "$(out main)" ;;
-      joins)  ev --policy demo --task reach,pick --seeds "${SEEDS_JOINS:-0:10}" --chunking none,blend,rtc \
+      joins)  ev --policy demo --task reach,pick --seeds "${SEEDS_JOINS:-0:30}" --chunking none,blend,rtc \
                  --delay-ms 0,100,200 -p blend_steps:=5 --workers 2 --no-video --out "$(out joins)" ;;
-      claim)  ev --policy demo --clock realtime --real-time-factor 0.5 --task reach --seeds "${SEEDS_CLAIM:-0:10}" \
+      claim)  ev --policy demo --clock realtime --real-time-factor 1.0 --task reach --seeds "${SEEDS_CLAIM:-0:20}" \
                  --engine-mode isolated,oxygen --language none,q1m2,q0.1m0.1 --no-video --out "$(out claim)" ;;
       expert) ev --policy expert --task reach,pick,transfer --seeds 0:100 --workers 2 --no-video --out "$(out expert)" ;;
       *) echo "unknown evaluation '$w' (main | joins | claim | expert)" >&2; exit 2 ;;
