@@ -1,12 +1,12 @@
 """A tool that starts processes leaves none behind, however it is stopped.
 
 ``oxygen sim-eval --workers 2`` (the evaluation every success figure comes from) is stopped mid-grid by two SIGTERMs
-(0.3 s apart), SIGINT or SIGKILL. Before ``cli.main`` turned SIGTERM into an orderly exit, SIGTERM killed the tool alone:
-no ``finally`` block ran, the exit status said "killed", and its two simulation workers were seen at full CPU after it
-was gone (found by stopping a ``bench/sim_evals.sh joins`` run), each until its queue broke. SIGKILL can run no
-cleanup at all, so the workers must die with their parent (PR_SET_PDEATHSIG). The test records every descendant of the
-tool while it runs and asserts that each is gone within a few seconds of the tool's exit; the exit status is 128 + the
-signal (130 for Ctrl-C)."""
+(0.3 s apart), SIGINT or SIGKILL. Before ``cli.main`` turned SIGTERM into an orderly exit, SIGTERM killed the tool
+alone: no ``finally`` block ran, the exit status said "killed", and its two simulation workers were seen at full CPU
+after it was gone (found by stopping a ``bench/sim_evals.sh joins`` run), each until its queue broke. SIGKILL can run
+no cleanup at all, so the workers must die with their parent (PR_SET_PDEATHSIG). The test records every descendant of
+the tool while it runs and asserts that each is gone within a few seconds of the tool's exit; the exit status is 128 +
+the signal (130 for Ctrl-C)."""
 from __future__ import annotations
 
 import os
