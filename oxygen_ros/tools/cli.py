@@ -76,12 +76,14 @@ def main(argv=None) -> int:
         return 2
     _default_ament_prefix()
     module, func = COMMANDS[argv[0]]
-    if argv[0] in OWN_SIGNALS:
-        return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    own_signals = argv[0] in OWN_SIGNALS
+    if not own_signals:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return exit_status(argv[0], getattr(importlib.import_module(module), func)(argv[1:]))
     except KeyboardInterrupt:
+        if own_signals:
+            raise
         print(f"oxygen {argv[0]}: interrupted", file=sys.stderr)
         return 130
 
