@@ -9,8 +9,8 @@
 #   joins   chunk joins under latency: none / blend (5 rows cross-faded: one camera period) / rtc x injected delay
 #           0 / 100 / 200 ms, lockstep, reach + pick
 #   claim   the paper's claim, realtime (sim_node + oxygen_node over DDS, real-time factor 1.0: the engine's real
-#           compute time is the delay, and under a request per frame it - not the 10 Hz camera - bounds the rate): isolated / oxygen x language none / demo rates (q1m2) / one question and one
-#           memory request per camera frame (q0.1m0.1), reach
+#           compute time is the delay, and it - not the 10 Hz camera - bounds the rate): isolated / oxygen x language
+#           none / demo rates (q1m2) / one question and one memory request per camera frame (q0.1m0.1), reach
 #   expert  the scripted expert through the node's action path (issue 18's >= 95 / 95 / 90 %)
 #
 # Seeds 0-99 are never used in training (training data: 100000 and up). SEEDS_JOINS / SEEDS_CLAIM shorten the grids.
