@@ -108,6 +108,13 @@ def stop_proc(p: subprocess.Popen, timeout: float = 5.0) -> None:
             p.wait(5)
 
 
+# s: how soon a node that exits cleanly has left the graph.  The participant announces its leave when it is finalised,
+# and DDS unmatches the node's publishers when the announcement arrives.  Measured: under 1 ms in each of 99 exits of
+# an rclpy node with 200 publishers and subscriptions, observed from a process at nice 10 beside four busy loops.
+# After a SIGKILL, the 20 s lease took 19.8-20.0 s.  12 s keeps a wide margin from both.
+LEAVE_S = 12.0
+
+
 class RosHelper:
     """An in-process rclpy node spun by a background executor; collects messages with their receive times."""
 
@@ -156,6 +163,21 @@ class RosHelper:
         assert self.wait_for(ready, timeout), (
             f"{pub.topic_name}: after {timeout:.0f} s the publisher matched {pub.get_subscription_count()} of the "
             f"subscriptions {[s.node_name for s in self.node.get_subscriptions_info_by_topic(pub.topic_name)]}")
+
+    def publishers_matched(self, msg_type, topic: str):
+        """A function that returns how many publishers of ``topic`` DDS has matched to a best-effort subscription
+        (best effort matches any publisher's QoS).  The count drops the moment a publishing participant announces
+        its leave, or when its 20 s lease expires.  Use it, not the graph's node list, to see a node leave: a
+        long-lived participant's node list can keep a node that has exited. rmw_dds_common's
+        ``GraphCache::update_participant_entities`` re-creates a participant's entry when it takes an entities
+        message after that participant's removal, and a node sends such messages while it is being destroyed.
+        This was seen in CI, where ``oxygen_node`` was still listed 30 s after it exited, past the lease."""
+        from rclpy.qos import QoSProfile, ReliabilityPolicy   # noqa: PLC0415
+
+        sub = self.node.create_subscription(msg_type, topic, lambda _m: None,
+                                            QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+        self._subs.append(sub)
+        return sub.get_publisher_count
 
     def now(self):
         return self.node.get_clock().now()

@@ -31,7 +31,7 @@ from launch.launch_description_sources import PythonLaunchDescriptionSource  # n
 from launch.substitutions import PathJoinSubstitution  # noqa: E402
 from launch_ros.substitutions import FindPackageShare  # noqa: E402
 
-from conftest import CONFIG, TIMING_GROUP, require_ros  # noqa: E402
+from conftest import CONFIG, LEAVE_S, TIMING_GROUP, require_ros  # noqa: E402
 
 require_ros()
 from rclpy.parameter import parameter_value_to_python  # noqa: E402
@@ -141,6 +141,7 @@ def oxygen_launch(process_watch, launched, bag, params_file):
 
 @pytest.mark.launch(fixture=oxygen_launch)
 def test_oxygen_launch_brings_up_the_node_with_its_arguments(ros, process_watch, launched):
+    matched = ros.publishers_matched(ActionChunk, "/robot1/action_chunk")
     chunks = ros.collect(ActionChunk, "/robot1/action_chunk", qos=100, keep=200)
     try:
         recent = _wait_chunks(ros, chunks)
@@ -152,11 +153,12 @@ def test_oxygen_launch_brings_up_the_node_with_its_arguments(ros, process_watch,
     # the params file's values, except stamp_source, the only argument given a value
     assert params == {"frame_rate_hz": 10.0, "stamp_source": "receive", "use_sim_time": True, "autostart": True}
     assert sorted(n.rsplit("-", 1)[0] for n in launched.started) == ["oxygen_node", "test_replay"], launched.started
+    assert ros.wait_for(lambda: matched() >= 1, 10.0)     # the chunks came, so DDS has matched their publisher
     yield
     _check_clean_exit(launched, process_watch)
-    # the node leaves the ROS graph (DDS discovery takes a moment to tell the other participants; seconds on a loaded
-    # machine, still well before the 20 s lease would expire)
-    assert ros.wait_for(lambda: ("oxygen_node", "/robot1") not in ros.node.get_node_names_and_namespaces(), 10.0)
+    # the node leaves the ROS graph: its publisher is unmatched when its participant announces the leave, well before
+    # the 20 s lease would expire (read from DDS matching, not the graph's node list: see RosHelper.publishers_matched)
+    assert ros.wait_for(lambda: matched() == 0, LEAVE_S), f"still matched {LEAVE_S} s after the launch ended"
 
 
 # -- replay.launch.py: node + the oxygen player, on wall time and on sim time ----------------------------------------

@@ -1,8 +1,12 @@
 """Signal storms: ``oxygen_node`` as a separate process must exit with status 0 within 5 s and print no traceback for
 every signal sequence a robot's process manager produces: SIGINT, SIGINT twice 50 ms apart (``ros2 launch`` with a
 non-tty stdin sends two), SIGTERM, SIGINT then SIGTERM (a supervisor escalating mid-shutdown), SIGTERM twice, and a
-signal during *configure* (the model still loading); and the node leaves the ROS graph at once.  The nodes run concurrently (own namespaces) while inference
-cycles and the control loop are busy, fed by a replayed bag; one test per sequence shares that set-up.
+signal during *configure* (the model still loading); and the node leaves the ROS graph at once.  The nodes run
+concurrently (own namespaces) while inference cycles and the control loop are busy, fed by a replayed bag; one test per
+sequence shares that set-up.
+
+"Leaves the graph" is read from DDS's matching of the node's publishers, not from the graph's node list: see
+``RosHelper.publishers_matched`` for why a long-lived participant's node list cannot be trusted for a node that left.
 """
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ import time
 
 import pytest
 
-from conftest import TIMING_GROUP, NodeProcess, require_ros, start_replay, stop_proc
+from conftest import LEAVE_S, TIMING_GROUP, NodeProcess, require_ros, start_replay, stop_proc
 
 require_ros()
 
+from oxygen_ros.msg import ActionChunk  # noqa: E402
 from test_node import BASE_PARAMS, STARTUP_S  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group(TIMING_GROUP)     # node / player / launch processes: one worker
@@ -26,7 +31,6 @@ SEQUENCES = {
     "sigint_then_sigterm": [signal.SIGINT, signal.SIGTERM],
     "sigterm_twice": [signal.SIGTERM, signal.SIGTERM],
 }
-GRAPH_LEAVE_S = 30.0               # s: the DDS lease (20 s) + 10 s for a loaded test process
 BAD_OUTPUT = ("Traceback", "terminate called", "RCLError", "context is invalid", "Segmentation fault", "Aborted")
 
 
@@ -69,7 +73,8 @@ def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
 @pytest.mark.parametrize("name", list(SEQUENCES))
 def test_signal_sequence_exits_cleanly(ros, nodes, name):
     p = nodes[name]
-    assert ros.wait_for(lambda: ("oxygen_node", f"/sig_{name}") in ros.node.get_node_names_and_namespaces(), 10)
+    matched = ros.publishers_matched(ActionChunk, f"/sig_{name}/action_chunk")   # only the node publishes it
+    assert ros.wait_for(lambda: matched() >= 1, 30), f"{name}: the node's action_chunk publisher never matched"
     assert p.alive() and "active:" in p.log(), f"node not running before the signals:\n{p.log()[-2000:]}"
     rc, dt = _deliver(p, SEQUENCES[name])
     log = p.log()
@@ -77,12 +82,10 @@ def test_signal_sequence_exits_cleanly(ros, nodes, name):
     assert dt < 5.0, f"{name}: took {dt:.1f} s to exit"
     bad = [b for b in BAD_OUTPUT if b in log]
     assert not bad, f"{name}: {bad} in the node's output:\n{log[-3000:]}"
-    # it also leaves the ROS graph: its participant announces the leave on exit (seen at once on an idle machine), and
-    # at the latest its DDS lease (20 s) expires.  Waited for up to the lease + 10 s: beside a CPU hog the announcement
-    # was once not seen within 10 s (a cycle still running past the 1 s join leaves the participant to its lease),
-    # and a bound shorter than the lease would again be a timing assertion that load can break
-    assert ros.wait_for(lambda: ("oxygen_node", f"/sig_{name}") not in ros.node.get_node_names_and_namespaces(),
-                        GRAPH_LEAVE_S), f"{name}: still listed in the ROS graph {GRAPH_LEAVE_S} s after exiting"
+    # it also leaves the ROS graph at once: its participant announces the leave on exit, and the
+    # participant is not left to expire on its lease
+    assert ros.wait_for(lambda: matched() == 0, LEAVE_S), \
+        f"{name}: its publisher still matched {LEAVE_S} s after exiting (the leave was not announced)"
 
 
 def test_signal_during_configure_exits_cleanly(tmp_path):

@@ -246,6 +246,34 @@ def test_resume_equals_an_uninterrupted_run(bags, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_ctrl_c_finishes_the_step_and_its_handler_takes_no_lock(bags, tmp_path):
+    """Ctrl-C during training: the handler only sets the flag (audited as the interpreter would run it, here from
+    inside a log line, where a print of its own would raise "reentrant call" out of the step).  The run stops after
+    that step and says so.  A second Ctrl-C raises KeyboardInterrupt at once (caught by the audit here)."""
+    import signal
+    from handler_audit import blocking_calls
+    lines, audits = [], []
+
+    def log(s):
+        lines.append(s)
+        if s.startswith("step ") and not audits:                 # the first log line: inside the training loop
+            handler, n = signal.getsignal(signal.SIGINT), len(lines)
+            audits.append(blocking_calls(handler, signal.SIGINT))
+            audits.append(blocking_calls(handler, signal.SIGINT, raises=KeyboardInterrupt))
+            audits.append(lines[n:])                                # nothing logged from the handler
+    from oxygen_ros.tools.train import robot_layout
+    from oxygen_ros.train.trainer import Trainer
+    o = _options(bags, tmp_path / "run", steps=6, ckpt_every=2, log_every=1, val_every=100, quiet=False)
+    tr = Trainer(o, robot_layout(o.params), log=log)
+    tr.setup()
+    old = signal.getsignal(signal.SIGINT)
+    out = tr.train()
+    assert audits == [[], [], []], audits
+    assert out["step"] == 1 and tr.step == 1, out["step"]
+    assert any("interrupted: stopped after step 1" in s for s in lines), lines
+    assert signal.getsignal(signal.SIGINT) is old                # the training's handler is removed again
+
+
 def test_two_process_ddp_matches_one_process(bags, tmp_path):
     args = [str(bags), "--preset", "tiny", "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup", "1",
             "--vocab-size", "640", "--seed", "2", "--val-fraction", "0.34", "--ckpt-every", "3", "--quiet",

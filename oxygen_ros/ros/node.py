@@ -507,18 +507,24 @@ def _throttle_python_logging() -> None:
 class _ShutdownRequest:
     """SIGINT / SIGTERM handler: the first signal asks for an orderly shutdown; any further signal while it runs
     (``ros2 launch`` sends SIGINT twice, supervisors escalate to SIGTERM) is noted and ignored, so shutdown is never
-    interrupted half-way (no KeyboardInterrupt inside cleanup, no rclpy context torn down under running threads)."""
+    interrupted half-way (no KeyboardInterrupt inside cleanup, no rclpy context torn down under running threads).
+
+    The handler takes no lock and does no I/O.  Python runs it in the main thread between two bytecodes, and that can
+    be inside a ``with lock:`` of the main thread's own.  It used to set a ``threading.Event`` while the main thread
+    polled the same Event with ``wait(0.05)``.  That pattern hung a plain rclpy test process for good beside a CPU hog:
+    its main thread sat in the handler, waiting for the Event's lock that its own interrupted ``wait`` held.  So the
+    handler only sets attributes, and the main thread polls ``requested``."""
 
     def __init__(self):
-        self.event = threading.Event()
+        self.requested = False
         self.signals: list[int] = []
         self.t_first = 0.0
 
     def __call__(self, signum, frame) -> None:
         self.signals.append(signum)
-        if not self.event.is_set():
+        if not self.requested:
             self.t_first = time.monotonic()
-        self.event.set()
+            self.requested = True
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -563,8 +569,8 @@ def main(argv=None, engine_factory=None) -> int:
         # configure in a worker so that a signal during a long model load is still answered within seconds
         worker = threading.Thread(target=node.trigger_configure, name="oxygen-configure", daemon=True)
         worker.start()
-        while worker.is_alive() and not shutdown.event.wait(0.05):
-            pass
+        while worker.is_alive() and not shutdown.requested:
+            worker.join(0.05)
         if worker.is_alive():          # a signal while the model is still loading: nothing runs yet, just leave
             log.info("shutdown requested during configure: exiting")
             rclpy.try_shutdown()
@@ -578,10 +584,10 @@ def main(argv=None, engine_factory=None) -> int:
             rclpy.try_shutdown()
             _hard_exit(2)
             return 2
-        if not shutdown.event.is_set():
+        if not shutdown.requested:
             node.trigger_activate()
     try:
-        while not shutdown.event.is_set() and rclpy.ok():
+        while not shutdown.requested and rclpy.ok():
             executor.spin_once(timeout_sec=0.1)
     except ExternalShutdownException:
         pass

@@ -381,11 +381,11 @@ def main(argv=None) -> int:
     executor.add_node(node)
     node.thread.start()
     try:
-        while not shutdown.event.is_set() and not node.stop.is_set() and rclpy.ok():
+        while not shutdown.requested and not node.stop.is_set() and rclpy.ok():
             executor.spin_once(timeout_sec=0.1)
     except ExternalShutdownException:
         pass
-    failed = node.stop.is_set() and not shutdown.event.is_set()
+    failed = node.stop.is_set() and not shutdown.requested
     node.stop.set()
     node.arrived.set()
     node.thread.join(5.0)

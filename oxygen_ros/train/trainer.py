@@ -281,10 +281,11 @@ class Trainer:
         old = signal.getsignal(signal.SIGINT)
 
         def on_sigint(signum, frame):           # finish the step, keep the last complete checkpoint, stop
+            # no print here: a handler runs between two bytecodes of the main thread, possibly inside its own print
+            # (stdout's lock held), where a print raises "reentrant call" out of the training step
             if stop["flag"]:
                 raise KeyboardInterrupt
             stop["flag"] = True
-            self._say("\ninterrupted: stopping after this step (the last complete checkpoint is kept)")
         if self.rank == 0:
             signal.signal(signal.SIGINT, on_sigint)
         t_start, seen = time.perf_counter(), 0
@@ -337,7 +338,8 @@ class Trainer:
                         self.curves["eval"].append({"step": self.step, **self.eval_hook(self.step, ck)})
                         self._write_curves()
             if stop["flag"] and self.rank == 0:
-                self._say(f"stopped at step {self.step}; resume with --resume")
+                self._say(f"\ninterrupted: stopped after step {self.step} (the last complete checkpoint is kept); "
+                          "resume with --resume")
         finally:
             if self.rank == 0:
                 signal.signal(signal.SIGINT, old)

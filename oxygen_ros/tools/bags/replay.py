@@ -214,6 +214,7 @@ class BagReplayer:
         self.node, self.bag, self.rate, self.loop = node, Path(bag), float(rate), bool(loop)
         self.duration, self.restamp, self.on_publish = duration, restamp, on_publish
         self._stop = threading.Event()
+        self._stop_asked = False        # set by request_stop (a signal handler): no lock, see request_stop
         self._thread: threading.Thread | None = None
         self._clock_thread: threading.Thread | None = None
         self.clock_hz = float(clock_hz)
@@ -248,7 +249,7 @@ class BagReplayer:
     def wait_for_subscribers(self, timeout: float = 3.0, settle: float = 0.5) -> bool:
         """Block until some topic has a subscriber (DDS discovery), then ``settle`` s more for the others."""
         t_end = time.monotonic() + timeout
-        while time.monotonic() < t_end and not self._stop.is_set():
+        while time.monotonic() < t_end and not self.stop_requested:
             if any(p.get_subscription_count() > 0 for p in self._pubs.values()):
                 time.sleep(settle)
                 return True
@@ -266,7 +267,7 @@ class BagReplayer:
     def _run_clock(self) -> None:
         """Publish /clock = the bag time being played (for nodes with use_sim_time)."""
         period = 1.0 / self.clock_hz
-        while not self._stop.wait(period):
+        while not self._stop.wait(period) and not self._stop_asked:
             if self._thread is not None and not self._thread.is_alive():
                 return
             ns = self.bag_time_ns()
@@ -277,12 +278,14 @@ class BagReplayer:
             self._clock_pub.publish(msg)
 
     def request_stop(self) -> None:
-        """Ask the playback to end (returns at once; safe in a signal handler); ``stop`` also waits for it."""
-        self._stop.set()
+        """Ask the playback to end; safe in a signal handler: it takes no lock (``Event.set`` does, and a handler
+        that runs while the main thread is inside that Event's ``set`` or ``wait`` would deadlock).  The threads see
+        it within 0.05 s (the pacing wait) or one clock period; ``stop`` also waits for them."""
+        self._stop_asked = True
 
     @property
     def stop_requested(self) -> bool:
-        return self._stop.is_set()
+        return self._stop_asked or self._stop.is_set()
 
     def bag_time_ns(self) -> int | None:
         """The bag time being played now (None before the first message)."""
@@ -308,7 +311,7 @@ class BagReplayer:
 
         t_begin = time.monotonic()
         try:
-            while not self._stop.is_set():
+            while not self.stop_requested:
                 with Reader(self.bag) as r:
                     conns = [c for c in r.connections if c.topic in self._pubs]
                     t_wall0 = time.monotonic()
@@ -320,7 +323,7 @@ class BagReplayer:
                         target = t_wall0 + (ns_bag - t_bag0) / 1e9 / self.rate
                         while True:
                             now = time.monotonic()
-                            if self._stop.is_set() or (self.duration is not None
+                            if self.stop_requested or (self.duration is not None
                                                        and now - t_begin >= self.duration):
                                 return
                             if now >= target:
