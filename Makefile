@@ -63,11 +63,11 @@ ros-bench: setup
 # DART-perturbed, two recorders in parallel), a vision tower pretrained to locate the cubes (oxygen train-vision,
 # ~4 min), a policy trained on them from that tower in two stages (DEMO_STEPS0 at lr 4e-4, then DEMO_STEPS0B more
 # from that export at lr 2e-4: validation loss was still falling) -> $(RUN)/policy_r0, the shipped checkpoints/demo
-# (recording ~14 min + vision 4 min + training 47 + 31 min on a 2-core VM; its card).  Then DAGGER_ROUNDS rounds of DAgger (the
-# current policy drives, the expert labels every frame it visits, the policy is fine-tuned on everything so far) ->
-# $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured (its card) made the policy worse (reach 31 % ->
-# 8 %).  Seeds 100000 and up (evaluation: 0-99).  Ship a result by copying it to checkpoints/demo once
-# `bench/sim_evals.sh main` shows it better.
+# (recording ~14 min + vision 4 min + training 47 + 31 min on a 2-core VM; its card).  Then DAGGER_ROUNDS rounds
+# of DAgger (the current policy drives, the expert labels every frame it visits, the policy is fine-tuned on
+# everything so far) -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured (its card) made
+# the policy worse (reach 31 % -> 8 %).  Seeds 100000 and up (evaluation: 0-99).  Ship a result by copying it
+# to checkpoints/demo once `bench/sim_evals.sh main` shows it better.
 DATA ?= data
 RUN ?= runs/demo
 OXY = $(VENV)/bin/oxygen

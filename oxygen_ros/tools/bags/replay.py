@@ -213,8 +213,8 @@ class BagReplayer:
             raise ValueError("rate must be > 0")
         self.node, self.bag, self.rate, self.loop = node, Path(bag), float(rate), bool(loop)
         self.duration, self.restamp, self.on_publish = duration, restamp, on_publish
-        self._stop = threading.Event()
-        self._stop_asked = False        # set by request_stop (a signal handler): no lock, see request_stop
+        self._stop_asked = False        # the one stop state: set by request_stop (a signal handler) and stop
+        self._wake = threading.Event()  # set by stop only, to end the threads' waits at once
         self._thread: threading.Thread | None = None
         self._clock_thread: threading.Thread | None = None
         self.clock_hz = float(clock_hz)
@@ -267,7 +267,7 @@ class BagReplayer:
     def _run_clock(self) -> None:
         """Publish /clock = the bag time being played (for nodes with use_sim_time)."""
         period = 1.0 / self.clock_hz
-        while not self._stop.wait(period) and not self._stop_asked:
+        while not self._wake.wait(period) and not self._stop_asked:
             if self._thread is not None and not self._thread.is_alive():
                 return
             ns = self.bag_time_ns()
@@ -278,14 +278,15 @@ class BagReplayer:
             self._clock_pub.publish(msg)
 
     def request_stop(self) -> None:
-        """Ask the playback to end; safe in a signal handler: it takes no lock (``Event.set`` does, and a handler
-        that runs while the main thread is inside that Event's ``set`` or ``wait`` would deadlock).  The threads see
-        it within 0.05 s (the pacing wait) or one clock period; ``stop`` also waits for them."""
+        """Ask the playback to end; safe in a signal handler: it only sets the flag.  Setting ``_wake`` here would
+        take its lock, and a handler that runs while the main thread is inside that Event's ``set`` (in ``stop``)
+        deadlocks.  The threads see the flag within 0.05 s (the pacing wait) or one clock period; ``stop`` also
+        wakes and waits for them."""
         self._stop_asked = True
 
     @property
     def stop_requested(self) -> bool:
-        return self._stop_asked or self._stop.is_set()
+        return self._stop_asked
 
     def bag_time_ns(self) -> int | None:
         """The bag time being played now (None before the first message)."""
@@ -293,7 +294,8 @@ class BagReplayer:
         return None if o is None else o[1] + int((time.monotonic() - o[0]) * self.rate * 1e9)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+        self._stop_asked = True
+        self._wake.set()
         for th in (self._thread, self._clock_thread):
             if th is not None:
                 th.join(timeout)
@@ -328,7 +330,7 @@ class BagReplayer:
                                 return
                             if now >= target:
                                 break
-                            self._stop.wait(min(target - now, 0.05))
+                            self._wake.wait(min(target - now, 0.05))
                         stamp_ns = None
                         if self.restamp and self._has_header[c.topic]:
                             now_ns = self.node.get_clock().now().nanoseconds
