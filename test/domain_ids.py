@@ -20,12 +20,16 @@ LOCK_DIR = Path(tempfile.gettempdir()) / "oxygen_ros_test_domain_ids"
 IDS = range(1, 101)        # 0 is ROS's default domain (robots, other users); ids up to 101 are valid on Linux
 CLAIMED_BY = "OXYGEN_TEST_DOMAIN_CLAIMED_BY"
 
-_held: dict[int, int] = {}  # domain id -> open lock fd of this process (closing it releases the claim)
+# lock file (``<lock_dir>/<id>.lock``) -> its open fd in this process (closing it releases the claim).  Keyed by the
+# file, not the id: a claim of id 1 in another lock dir (the allocator's own tests) is a different claim, and releasing
+# it must not touch this session's id 1.
+_held: dict[Path, int] = {}
 
 
 def claim_domain_id(lock_dir: Path = LOCK_DIR, ids=IDS, start: int | None = None) -> int:
     """Lock the first free id of ``ids`` (scanned cyclically from index ``start``, default pid-dependent) and return
-    it; the lock is held until ``release_domain_id`` or process exit.  RuntimeError when every id is taken."""
+    it; the lock is held until ``release_domain_id(id, lock_dir)`` or process exit.  RuntimeError when every id is
+    taken."""
     ids = list(ids)
     lock_dir = Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -36,7 +40,7 @@ def claim_domain_id(lock_dir: Path = LOCK_DIR, ids=IDS, start: int | None = None
     first = os.getpid() % len(ids) if start is None else start
     for i in range(len(ids)):
         did = ids[(first + i) % len(ids)]
-        path = lock_dir / f"{did}.lock"
+        path = lock_path(did, lock_dir)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
         except OSError:
@@ -48,14 +52,18 @@ def claim_domain_id(lock_dir: Path = LOCK_DIR, ids=IDS, start: int | None = None
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 continue                  # held by another session
             raise
-        _held[did] = fd
+        _held[path] = fd
         return did
     raise RuntimeError(f"all ROS domain ids {ids[0]}..{ids[-1]} are held by other test sessions (locks in "
                        f"{lock_dir}); set ROS_DOMAIN_ID explicitly or wait for one to finish")
 
 
-def release_domain_id(did: int) -> None:
-    fd = _held.pop(did, None)
+def lock_path(did: int, lock_dir: Path = LOCK_DIR) -> Path:
+    return Path(lock_dir) / f"{did}.lock"
+
+
+def release_domain_id(did: int, lock_dir: Path = LOCK_DIR) -> None:
+    fd = _held.pop(lock_path(did, lock_dir), None)
     if fd is not None:
         os.close(fd)
 

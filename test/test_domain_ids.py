@@ -26,13 +26,13 @@ def test_claims_exclude_each_other_and_are_released(tmp_path):
     a = claim_domain_id(tmp_path, IDS, start=0)
     b = claim_domain_id(tmp_path, IDS, start=0)                  # same start: must skip the held id
     assert (a, b) == (1, 2)
-    release_domain_id(a)
+    release_domain_id(a, tmp_path)
     assert claim_domain_id(tmp_path, IDS, start=0) == 1          # free again once released
     assert claim_domain_id(tmp_path, IDS, start=0) == 3
     with pytest.raises(RuntimeError, match="all ROS domain ids 1..3 are held"):
         claim_domain_id(tmp_path, IDS, start=0)
     for d in (1, 2, 3):
-        release_domain_id(d)
+        release_domain_id(d, tmp_path)
 
 
 def test_a_claim_held_by_another_process_is_refused_until_it_dies(tmp_path):
@@ -42,12 +42,12 @@ def test_a_claim_held_by_another_process_is_refused_until_it_dies(tmp_path):
         assert holder.stdout.readline().strip() == "1"
         mine = claim_domain_id(tmp_path, IDS, start=0)
         assert mine == 2
-        release_domain_id(mine)
+        release_domain_id(mine, tmp_path)
     finally:
         holder.send_signal(signal.SIGKILL)                         # a crashed session: the kernel drops its lock
         holder.wait(10)
     assert claim_domain_id(tmp_path, IDS, start=0) == 1
-    release_domain_id(1)
+    release_domain_id(1, tmp_path)
 
 
 def test_session_domain_id_respects_explicit_and_claims_otherwise(tmp_path):
@@ -60,13 +60,26 @@ def test_session_domain_id_respects_explicit_and_claims_otherwise(tmp_path):
     nested = dict(env)                                             # a pytest run started inside this session
     assert session_domain_id(nested, tmp_path, IDS) != did
     for d in (did, int(nested["ROS_DOMAIN_ID"])):
-        release_domain_id(d)
+        release_domain_id(d, tmp_path)
+
+
+def test_the_same_id_in_another_lock_dir_is_another_claim(tmp_path):
+    """Claims are per lock file: the allocator's own tests claim and release ids 1-3 in temp dirs, and that must not
+    release this session's id when it is one of them (it did: the session test failed when the session had id 1)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert claim_domain_id(a, IDS, start=0) == 1 and claim_domain_id(b, IDS, start=0) == 1
+    release_domain_id(1, b)
+    assert domain_ids.lock_path(1, a) in domain_ids._held                     # a's claim is still this process's
+    assert claim_domain_id(a, IDS, start=0) == 2                              # and still taken
+    assert claim_domain_id(b, IDS, start=0) == 1                              # b's was released
+    for d, where in ((1, a), (2, a), (1, b)):
+        release_domain_id(d, where)
 
 
 def test_this_session_holds_its_domain_id():
     did = int(os.environ["ROS_DOMAIN_ID"])
     if os.environ.get(CLAIMED_BY) != str(os.getpid()):
         pytest.skip(f"ROS_DOMAIN_ID={did} was set explicitly (or by an ancestor): not claimed by this session")
-    assert did in domain_ids.IDS and did in domain_ids._held
+    assert did in domain_ids.IDS and domain_ids.lock_path(did) in domain_ids._held
     with pytest.raises(RuntimeError):                              # nobody, not even this process, can claim it
         claim_domain_id(domain_ids.LOCK_DIR, [did])
