@@ -24,6 +24,8 @@ from oxygen_ros.train.losses import flow_matching_loss, sample_time, text_loss
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]
+# the committed one-episode bag, recorded before the "Where is the X cube?" text targets existed
+EPISODES_OLD = REPO / "test" / "data" / "episode_bag"
 # a small model over the sim's 16 px cameras: what the smoke / resume / DDP runs train
 SMALL = {"vision": {"image_size": 16, "patch_size": 8, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
          "vlm": {"width": 32, "depth": 2, "mlp_dim": 64, "num_heads": 2, "head_dim": 16},
@@ -366,3 +368,22 @@ def test_init_from_another_architecture_is_refused(bags, tmp_path):
     tr = _trainer(bags, tmp_path / "run", preset="demo", init=str(tmp_path / "ck"))
     with pytest.raises(ValueError, match="architecture"):
         tr.setup()
+
+
+def test_locate_in_instruction_writes_each_frames_cell_and_refuses_bags_without_it(bags, tmp_path):
+    """``--locate-in-instruction`` (issue 26's localisation experiment): every frame's action prompt carries the
+    named cube's cell from that frame's own text target; a bag without such targets fails before training."""
+    import re
+
+    from oxygen_ros.sim.tasks import locate_question, named_colour
+    tr = _trainer(bags, tmp_path / "run", steps=1, locate_in_instruction=True)
+    tr.setup()
+    eps = tr.train_eps + tr.val_eps
+    for ep in eps:
+        for f, instr in enumerate(ep.instruction):
+            cell = dict((p, t) for _k, p, t in ep.texts[f])[locate_question(named_colour(instr))]
+            assert re.fullmatch(r"touch the \w+ cube with the (left|right) gripper \(row \d column \d\)", instr)
+            assert instr.endswith(f"({cell})"), (instr, cell)
+    old = _trainer(EPISODES_OLD, tmp_path / "old", steps=1, locate_in_instruction=True)
+    with pytest.raises(ValueError, match="no frame has a 'Where is the <named> cube"):
+        old.setup()

@@ -159,6 +159,22 @@ def locate_question(colour: str) -> str:
     return f"Where is the {colour} cube?"
 
 
+def located_instruction(instruction: str, cell: str) -> str:
+    """The instruction with the named cube's cell appended - "touch the red cube with the left gripper (row 3 column
+    5)": the input of the localisation-conditioning experiment (``oxygen train --locate-in-instruction``, ``oxygen
+    sim-eval --locate-prompt``), where the action expert reads the cube's place as text instead of binding the colour
+    to pixels itself."""
+    return f"{instruction} ({cell})"
+
+
+def named_colour(instruction: str) -> str | None:
+    """The colour of the cube an instruction names ("pick up the red cube" -> "red"), None if it names none."""
+    import re  # noqa: PLC0415
+
+    m = re.search(r"\bthe (\w+) cube\b", instruction)
+    return m.group(1) if m else None
+
+
 def cube_locations(sim: AlohaScene) -> dict:
     """question -> answer for every cube of the scene: the cell of the top camera's image its centre is in,
     "row R column C" (1..LOCATE_GRID, from the top-left), or "not in view".  Training-only text targets (what

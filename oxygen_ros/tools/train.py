@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument("--device", default="auto", help="auto (cuda when available, else cpu) | cpu | cuda | cuda:N")
+    ap.add_argument("--locate-in-instruction", action="store_true",
+                    help="experiment: append the named cube's cell (the frame's 'Where is the <colour> cube?' text "
+                         "target) to every instruction; evaluate with oxygen sim-eval --locate-prompt")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -100,7 +103,8 @@ def main(argv=None) -> int:
                      ckpt_every=a.ckpt_every, log_every=a.log_every, vocab_size=a.vocab_size, horizon=a.horizon,
                      asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, init_vision=a.init_vision,
                      resume=a.resume,
-                     eval_every=a.eval_every, topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
+                     eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
+                     topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),
                           eval_hook=_eval_hook(a.eval_tasks, a.eval_seeds) if a.eval_every else None)

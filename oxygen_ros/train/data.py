@@ -384,3 +384,23 @@ def describe(episodes: list[Episode]) -> str:
     return (f"{len(episodes)} episodes ({', '.join(f'{k} {v}' for k, v in sorted(tasks.items()))}), {n_f} frames, "
             f"state dim {episodes[0].state.shape[1]}, action dim {episodes[0].actions.shape[1]}")
 
+
+def locate_in_instructions(episodes: list) -> int:
+    """The localisation-conditioning experiment (``oxygen train --locate-in-instruction``): every frame's instruction
+    gets the named cube's cell appended (``sim.tasks.located_instruction``), taken from the frame's own "Where is the
+    <colour> cube?" text target.  In place; returns the frames changed (frames without that target keep theirs)."""
+    from oxygen_ros.sim.tasks import locate_question, located_instruction, named_colour  # noqa: PLC0415
+
+    changed = 0
+    for ep in episodes:
+        for f, instr in enumerate(ep.instruction):
+            colour = named_colour(instr or "")
+            if colour is None:
+                continue
+            q = locate_question(colour)
+            cell = next((text for _kind, prompt, text in ep.texts[f] if prompt == q), None)
+            if cell is not None:
+                ep.instruction[f] = located_instruction(instr, cell)
+                changed += 1
+    return changed
+

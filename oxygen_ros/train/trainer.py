@@ -71,6 +71,7 @@ class TrainOptions:
     init_vision: str | None = None         # a pretrained vision tower (``vision.py``) for a model built from scratch
     resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
     eval_every: int = 0
+    locate_in_instruction: bool = False    # experiment: the named cube's cell appended to each frame's instruction
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -144,7 +145,8 @@ class Trainer:
         from oxygen_ros.model.tokenizer import SPM_FILENAME, SentencePieceTokenizer  # noqa: PLC0415
 
         from .batches import BatchMaker  # noqa: PLC0415
-        from .data import TopicMap, describe, load_episodes, norm_stats, split_episodes  # noqa: PLC0415
+        from .data import (TopicMap, describe, load_episodes, locate_in_instructions, norm_stats,  # noqa: PLC0415
+                           split_episodes)
         from .tokenizer import domain_lines, train_tokenizer  # noqa: PLC0415
 
         o = self.o
@@ -184,6 +186,11 @@ class Trainer:
         t0 = time.perf_counter()
         episodes = load_episodes(o.bags, tm, image_size=cfg.image_size)
         self._say(f"data: {describe(episodes)} ({time.perf_counter() - t0:.0f} s to read)")
+        if o.locate_in_instruction:
+            n = locate_in_instructions(episodes)
+            if n == 0:
+                raise ValueError("--locate-in-instruction: no frame has a 'Where is the <named> cube?' text target")
+            self._say(f"locate in instruction: {n} frames' instructions name their cube's cell")
         if len(tm.action_names) > cfg.action_dim:
             raise ValueError(f"{len(tm.action_names)} action joints exceed the model's action_dim {cfg.action_dim}")
         self.train_eps, self.val_eps = split_episodes(episodes, o.val_fraction, o.seed)

@@ -8,6 +8,11 @@ side; transfer: the right arm).  A policy that grounds the instruction in the im
 named cube: per axis (x, y) the Pearson correlation between the planned displacement (endpoint - start) and the
 cube's offset from the gripper, *within* each arm (the arm alone - known from the text - explains most of x), and the
 slope of that relation.  The scripted expert is the reference (``--policy expert``); ``random`` weights the floor.
+
+A model is also asked, in the same scene (the same still frame, through the node's conversation path), "Where is the
+<named> cube?" - the localisation text target the policy co-trains on, answered as a cell of an 8 x 8 grid of the top
+camera's image (``sim.tasks.cube_locations``).  Scored exact and within one cell: whether the *prefix* the action expert
+reads locates the cube, apart from whether the plan uses it (``--no-locate`` skips it).
 Outputs under ``--out``: ``grounding.json`` (per scene and the statistics), ``grounding.png`` (planned vs true per
 axis) and the table on stdout.
 """
@@ -21,7 +26,43 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["grounding", "within_group_stats", "main"]
+__all__ = ["grounding", "within_group_stats", "cell_distance", "main"]
+
+LOCATE_MAX_CYCLES = 30                  # camera frames of the still scene to wait for the answer
+
+
+def cell_distance(answer: str, truth: str) -> int | None:
+    """Cells between two "row R column C" answers (Chebyshev: 0 = the same cell, 1 = a neighbour); None when either
+    is not such an answer (e.g. "not in view", or a model's malformed text)."""
+    import re  # noqa: PLC0415
+
+    got = [re.fullmatch(r"\s*row (\d+) column (\d+)\s*", x or "") for x in (answer, truth)]
+    if not all(got):
+        return None
+    (r0, c0), (r1, c1) = ((int(m.group(1)), int(m.group(2))) for m in got)
+    return max(abs(r0 - r1), abs(c0 - c1))
+
+
+def _ask_locate(pol, spec, sim, first_obs) -> dict:
+    """Ask the policy where the named cube is, on the still start frame, until it answers (LOCATE_MAX_CYCLES)."""
+    from oxygen_ros.ros.lockstep import LanguageLoad  # noqa: PLC0415
+    from oxygen_ros.sim.episode import SimObservation  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import cube_locations, locate_question  # noqa: PLC0415
+
+    q = locate_question(spec.target)
+    truth = cube_locations(sim)[q]
+    pol.language = LanguageLoad(question_every_s=1e6, questions=(q,))   # one question, at t = 0
+    pol.reset(spec, sim)
+    answer = None
+    for i in range(LOCATE_MAX_CYCLES):
+        t = i * 0.1
+        pol.act(SimObservation(t, first_obs.images, first_obs.state, spec.instruction, t), t)
+        said = [e["text"] for e in pol.language_log if e["kind"] == "conversation"]
+        if said:
+            answer = said[0]
+            break
+    d = cell_distance(answer or "", truth)
+    return {"question": q, "answer": answer, "truth": truth, "cells_off": d}
 
 
 def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
@@ -43,8 +84,9 @@ def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
     return out
 
 
-def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None) -> dict:
-    from oxygen_ros.ros.lockstep import PipelinePolicy, sim_settings  # noqa: PLC0415
+def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None,
+              locate: bool = True) -> dict:
+    from oxygen_ros.ros.lockstep import LanguageLoad, PipelinePolicy, sim_settings  # noqa: PLC0415
     from oxygen_ros.sim.episode import SimObservation  # noqa: PLC0415
     from oxygen_ros.sim.ik import ArmIK  # noqa: PLC0415
     from oxygen_ros.sim.scene import JOINTS, AlohaScene  # noqa: PLC0415
@@ -53,6 +95,7 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
     expert = policy == "expert"
     over = {"delta_action_mask": []} if expert else {"checkpoint": "" if policy == "random" else policy}
     pol = PipelinePolicy(sim_settings(params, over), expert=expert, horizon=20)
+    locate = locate and not expert                     # the scripted expert has no language
     sim = AlohaScene((camera_size, camera_size))
     ik = {a: ArmIK(sim, a) for a in ("left", "right")}
     rows = []
@@ -60,8 +103,11 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
         for seed in seeds:
             spec = draw_task(task, int(seed))
             sim.reset(spec.scene)
+            pol.language = LanguageLoad()                       # the plan: no question in that frame
             pol.reset(spec, sim)
-            trs = pol.act(SimObservation(0.0, sim.render(), sim.state(), spec.instruction, 0.0), 0.0)
+            obs = SimObservation(0.0, sim.render(), sim.state(), spec.instruction, 0.0)
+            trs = pol.act(obs, 0.0)
+            loc = _ask_locate(pol, spec, sim, obs) if locate else None
             if not trs:
                 rows.append({"seed": int(seed), "arm": spec.arm, "error": "no trajectory"})
                 continue
@@ -73,14 +119,26 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
             start = sim.grip_pos(spec.arm)
             cube = sim.cube_pos(spec.target_index)
             rows.append({"seed": int(seed), "arm": spec.arm, "planned": (end - start).round(5).tolist(),
-                         "true": (cube - start).round(5).tolist()})
+                         "true": (cube - start).round(5).tolist(), **({"locate": loc} if loc else {})})
     finally:
         pol.close()
         sim.close()
     ok = [r for r in rows if "planned" in r]
     stats = within_group_stats(np.array([r["planned"][:2] for r in ok]), np.array([r["true"][:2] for r in ok]),
                                [r["arm"] for r in ok]) if len(ok) > 2 else {}
-    return {"policy": policy, "task": task, "scenes": len(rows), "usable": len(ok), "stats": stats, "rows": rows}
+    return {"policy": policy, "task": task, "scenes": len(rows), "usable": len(ok), "stats": stats,
+            "locate": _locate_stats(rows) if locate else None, "rows": rows}
+
+
+def _locate_stats(rows) -> dict:
+    asked = [r["locate"] for r in rows if r.get("locate")]
+    scored = [a for a in asked if a["truth"].startswith("row")]      # the named cube in the top camera's view
+    n = len(scored)
+    return {"asked": len(asked), "scored": n,
+            "answered": sum(a["answer"] is not None for a in scored),
+            "exact": round(sum(a["cells_off"] == 0 for a in scored) / n, 4) if n else None,
+            "within_one_cell": round(sum(a["cells_off"] is not None and a["cells_off"] <= 1 for a in scored) / n, 4)
+            if n else None}
 
 
 def _plot(results: list[dict], path: Path) -> str:
@@ -120,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0:50"), help="scenes A:B (default 0:50)")
     ap.add_argument("--camera-size", type=int, default=96)
     ap.add_argument("--params", default=None, help="node parameter file (default config/sim_aloha.yaml)")
+    ap.add_argument("--no-locate", action="store_true",
+                    help="do not ask a model where the named cube is (the localisation probe)")
     ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
     o = ap.parse_args(argv)
     policies = o.policy or ["expert", "demo"]
@@ -131,14 +191,17 @@ def main(argv=None) -> int:
             ap.error(f"--policy {p!r} is not expert, random, demo or a checkpoint directory")
     out = Path(o.out or Path("out") / "sim_diagnose" / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     out.mkdir(parents=True, exist_ok=True)
-    results = [grounding(p, o.task, o.seeds, o.camera_size, o.params) for p in policies]
+    results = [grounding(p, o.task, o.seeds, o.camera_size, o.params, locate=not o.no_locate) for p in policies]
     lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
              "first chunk's planned endpoint displacement vs the named cube's offset)",
-             f"{'policy':<48} {'x r':>7} {'x slope':>8} {'y r':>7} {'y slope':>8}"]
+             "locate: \"Where is the <named> cube?\" asked in the same scene, answered as a cell of 8 x 8 of the top "
+             "image: exact / within one cell",
+             f"{'policy':<48} {'x r':>7} {'x slope':>8} {'y r':>7} {'y slope':>8} {'locate':>7} {'<=1 cell':>8}"]
     for name, r in zip(names, results):
-        s = r["stats"]
+        s, loc = r["stats"], r.get("locate") or {}
+        pct = [f"{loc[k]:.0%}" if loc.get(k) is not None else "-" for k in ("exact", "within_one_cell")]
         lines.append(f"{name[-48:]:<48} {s['x']['r']:>+7.3f} {s['x']['slope']:>+8.3f} "
-                     f"{s['y']['r']:>+7.3f} {s['y']['slope']:>+8.3f}")
+                     f"{s['y']['r']:>+7.3f} {s['y']['slope']:>+8.3f} {pct[0]:>7} {pct[1]:>8}")
     table = "\n".join(lines)
     (out / "grounding.json").write_text(json.dumps({"task": o.task, "results": results}, indent=1))
     (out / "table.txt").write_text(table + "\n")

@@ -86,6 +86,9 @@ class _Worker:
             lang = LanguageLoad(q, m, QUESTIONS)
             self.policies[key] = PipelinePolicy(sim_settings(c["params"], cell_node_params(c, cell)),
                                                 expert=c["policy"] == "expert", horizon=c["horizon"], language=lang)
+            if c.get("locate_prompt"):
+                from oxygen_ros.sim.locate_prompt import wrap  # noqa: PLC0415
+                self.policies[key] = wrap(self.policies[key], c["locate_prompt"])
         return self.policies[key]
 
     def close(self) -> None:
@@ -449,6 +452,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", action="store_true",
                     help="per episode: gripper-to-cube distance over time, the milestone reached, where the arm stood "
                          "still (sim/trace.py); plotted in results_traces.png")
+    ap.add_argument("--locate-prompt", choices=("oracle", "self"), default=None,
+                    help="for a policy trained with oxygen train --locate-in-instruction: append the named cube's cell "
+                         "to the instruction - oracle: the true cell; self: the model's own answer to 'Where is the "
+                         "<named> cube?', asked every frame (sim/locate_prompt.py); lockstep only")
     ap.add_argument("--merge", nargs="+", metavar="DIR", help="merge shards' results.json into --out and exit")
     ap.add_argument("--quiet", action="store_true")
     return ap
@@ -475,6 +482,8 @@ def main(argv=None) -> int:
         ap.error("--workers >= 1, --camera-size >= 8, delays >= 0")
     if o.clock == "realtime" and (o.policy == "expert" or o.workers > 1 or not 0 < o.real_time_factor <= 1):
         ap.error("--clock realtime: a model policy (not expert), --workers 1, 0 < --real-time-factor <= 1")
+    if o.locate_prompt and (o.clock == "realtime" or o.policy == "expert"):
+        ap.error("--locate-prompt: lockstep and a model policy only")
     from oxygen_ros.ros.engine_factory import SHIPPED, resolve_checkpoint  # noqa: PLC0415
     if o.policy in SHIPPED:
         o.policy = resolve_checkpoint(o.policy)
@@ -489,7 +498,8 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     cells = _cells(o.engine_mode, o.chunking, o.delay_ms, o.language)
     common = {"policy": o.policy, "params": o.params, "overrides": overrides, "camera_size": o.camera_size,
-              "camera_every": int(round(every)), "horizon": o.horizon, "out": str(out), "trace": o.trace}
+              "camera_every": int(round(every)), "horizon": o.horizon, "out": str(out), "trace": o.trace,
+              "locate_prompt": o.locate_prompt}
     config = {k: v for k, v in common.items() if k != "out"}
     config.update(tasks=o.task, seeds=f"{o.seeds.start}:{o.seeds.stop}", workers=o.workers,
                   camera_rate=o.camera_rate, clock=o.clock,
