@@ -179,3 +179,24 @@ def test_sim_eval_runs_a_locate_prompt_in_lockstep_only(mode, tmp_path, capsys):
                            str(tmp_path / "x")])
         assert e.value.code == 2
     assert "--locate-prompt: lockstep and a model policy only" in capsys.readouterr().err
+
+
+def test_sim_diagnose_puts_the_cell_in_the_instruction_and_checks_it(tmp_path, capsys):
+    import json
+
+    from oxygen_ros.tools.sim import diagnose
+    pytest.importorskip("mujoco")
+    out = tmp_path / "d"
+    assert diagnose.main(["--policy", "demo", "--task", "reach", "--seeds", "0:3", "--instruction-cell", "none",
+                          "--instruction-cell", "true", "--instruction-cell", "row 1 column 1", "--out", str(out)]) == 0
+    res = json.loads((out / "grounding.json").read_text())["results"]
+    assert [r["instruction_cell"] for r in res] == [None, "true", "row 1 column 1"]
+    assert res[0]["locate"]["asked"] == 3                    # the plain instruction: the locate probe too
+    assert all(r["locate"] is None and r["usable"] == 3 for r in res[1:])
+    table = capsys.readouterr().out
+    assert "demo + true" in table and "demo + row 1 column 1" in table
+    for bad in (["--policy", "demo", "--instruction-cell", "row one"],
+                ["--policy", "expert", "--instruction-cell", "true"]):
+        with pytest.raises(SystemExit) as e:
+            diagnose.main([*bad, "--seeds", "0:1", "--out", str(tmp_path / "x")])
+        assert e.value.code == 2

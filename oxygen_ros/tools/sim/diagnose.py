@@ -85,12 +85,15 @@ def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
 
 
 def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None,
-              locate: bool = True) -> dict:
+              locate: bool = True, instruction_cell: str | None = None) -> dict:
+    """``instruction_cell``: for a policy trained with ``--locate-in-instruction``, the cell appended to each scene's
+    instruction - "true" (the named cube's, ``sim.tasks.cube_locations``) or a fixed "row R column C" (a wrong one:
+    does the plan follow the text?); None: the plain instruction."""
     from oxygen_ros.ros.lockstep import LanguageLoad, PipelinePolicy, sim_settings  # noqa: PLC0415
     from oxygen_ros.sim.episode import SimObservation  # noqa: PLC0415
     from oxygen_ros.sim.ik import ArmIK  # noqa: PLC0415
     from oxygen_ros.sim.scene import JOINTS, AlohaScene  # noqa: PLC0415
-    from oxygen_ros.sim.tasks import draw_task  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import cube_locations, draw_task, locate_question, located_instruction  # noqa: PLC0415
 
     expert = policy == "expert"
     over = {"delta_action_mask": []} if expert else {"checkpoint": "" if policy == "random" else policy}
@@ -105,7 +108,12 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
             sim.reset(spec.scene)
             pol.language = LanguageLoad()                       # the plan: no question in that frame
             pol.reset(spec, sim)
-            obs = SimObservation(0.0, sim.render(), sim.state(), spec.instruction, 0.0)
+            instruction = spec.instruction
+            if instruction_cell:
+                cell = cube_locations(sim)[locate_question(spec.target)] if instruction_cell == "true" \
+                    else instruction_cell
+                instruction = located_instruction(instruction, cell)
+            obs = SimObservation(0.0, sim.render(), sim.state(), instruction, 0.0)
             trs = pol.act(obs, 0.0)
             loc = _ask_locate(pol, spec, sim, obs) if locate else None
             if not trs:
@@ -126,7 +134,8 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
     ok = [r for r in rows if "planned" in r]
     stats = within_group_stats(np.array([r["planned"][:2] for r in ok]), np.array([r["true"][:2] for r in ok]),
                                [r["arm"] for r in ok]) if len(ok) > 2 else {}
-    return {"policy": policy, "task": task, "scenes": len(rows), "usable": len(ok), "stats": stats,
+    return {"policy": policy, "task": task, "instruction_cell": instruction_cell, "scenes": len(rows),
+            "usable": len(ok), "stats": stats,
             "locate": _locate_stats(rows) if locate else None, "rows": rows}
 
 
@@ -150,8 +159,10 @@ def _plot(results: list[dict], path: Path) -> str:
     for res in results:
         ok = [r for r in res["rows"] if "planned" in r]
         for k, ax in enumerate(axes):
+            cell = f" + {res['instruction_cell']}" if res.get("instruction_cell") else ""
             ax.scatter([r["true"][k] for r in ok], [r["planned"][k] for r in ok], s=12, alpha=0.7,
-                       label=f"{res['policy'][-30:]} (r within arm {res['stats'].get('xy'[k], {}).get('r', 0):+.2f})")
+                       label=f"{res['policy'][-30:]}{cell} "
+                             f"(r within arm {res['stats'].get('xy'[k], {}).get('r', 0):+.2f})")
     for k, ax in enumerate(axes):
         ax.set_xlabel(f"cube offset from the gripper, {'xy'[k]} (m)")
         ax.set_ylabel(f"planned endpoint displacement, {'xy'[k]} (m)")
@@ -180,6 +191,10 @@ def main(argv=None) -> int:
     ap.add_argument("--params", default=None, help="node parameter file (default config/sim_aloha.yaml)")
     ap.add_argument("--no-locate", action="store_true",
                     help="do not ask a model where the named cube is (the localisation probe)")
+    ap.add_argument("--instruction-cell", action="append", default=None, metavar="none|true|'row R column C'",
+                    help="for a policy trained with oxygen train --locate-in-instruction: the cell appended to the "
+                         "instruction - none, the true one or a fixed one (repeatable: a table row per cell per "
+                         "policy)")
     ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
     o = ap.parse_args(argv)
     policies = o.policy or ["expert", "demo"]
@@ -191,7 +206,17 @@ def main(argv=None) -> int:
             ap.error(f"--policy {p!r} is not expert, random, demo or a checkpoint directory")
     out = Path(o.out or Path("out") / "sim_diagnose" / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     out.mkdir(parents=True, exist_ok=True)
-    results = [grounding(p, o.task, o.seeds, o.camera_size, o.params, locate=not o.no_locate) for p in policies]
+    import re  # noqa: PLC0415
+    cells = [None if c == "none" else c for c in (o.instruction_cell or ["none"])]
+    for c in cells:
+        if c is not None and c != "true" and not re.fullmatch(r"row \d+ column \d+", c):
+            ap.error(f"--instruction-cell must be true or 'row R column C', got {c!r}")
+    if any(cells) and "expert" in policies:
+        ap.error("--instruction-cell: model policies only (the expert reads no text)")
+    runs = [(n, p, c) for n, p in zip(names, policies) for c in cells]
+    names = [n if c is None else f"{n} + {c}" for n, _, c in runs]
+    results = [grounding(p, o.task, o.seeds, o.camera_size, o.params, locate=not o.no_locate and c is None,
+                         instruction_cell=c) for _, p, c in runs]
     lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
              "first chunk's planned endpoint displacement vs the named cube's offset)",
              "locate: \"Where is the <named> cube?\" asked in the same scene, answered as a cell of 8 x 8 of the top "
