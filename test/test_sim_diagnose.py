@@ -200,3 +200,27 @@ def test_sim_diagnose_puts_the_cell_in_the_instruction_and_checks_it(tmp_path, c
         with pytest.raises(SystemExit) as e:
             diagnose.main([*bad, "--seeds", "0:1", "--out", str(tmp_path / "x")])
         assert e.value.code == 2
+
+
+def test_copycat_plans_from_the_experts_mid_episode_state_with_its_own_and_another_scenes_image(tmp_path):
+    """``--copycat T``: per seed, the expert's frame at T s (task unfinished); the policy plans from that state with
+    the frame's own images and with another same-arm seed's images; both plans are scored against the named cube of
+    the frame's own scene, and the JSON says whose image each plan saw."""
+    import json
+
+    from oxygen_ros.tools.sim import diagnose
+    pytest.importorskip("mujoco")
+    out = tmp_path / "cc"
+    assert diagnose.main(["--policy", "expert", "--policy", "demo", "--task", "reach", "--seeds", "0:6", "--no-locate",
+                          "--copycat", "0.4", "--out", str(out)]) == 0
+    res = json.loads((out / "grounding.json").read_text())["results"]
+    assert [r.get("image") for r in res] == [None, None, "own", "other"]          # the expert: no copycat pair
+    own, other = res[2], res[3]
+    assert own["usable"] == other["usable"] >= 4 and own["copycat_t"] == 0.4
+    for a, b in zip(own["rows"], other["rows"]):
+        assert a["seed"] == b["seed"] == a["image_of"] != b["image_of"] and a["arm"] == b["arm"]
+        assert a["true"] == b["true"]                                             # the same state, the same target
+    assert len(other["mean_abs_change"]) == 2
+    with pytest.raises(SystemExit) as e:
+        diagnose.main(["--policy", "demo", "--copycat", "0", "--seeds", "0:1", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2

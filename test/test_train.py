@@ -387,3 +387,24 @@ def test_locate_in_instruction_writes_each_frames_cell_and_refuses_bags_without_
     old = _trainer(EPISODES_OLD, tmp_path / "old", steps=1, locate_in_instruction=True)
     with pytest.raises(ValueError, match="no frame has a 'Where is the <named> cube"):
         old.setup()
+
+
+def test_state_noise_changes_only_the_prompts_state_on_the_arm_joints(bags, tmp_path):
+    """``--state-noise`` (issue 26's copycat experiment): the action prompt's state tokens change, the action targets
+    (relative to the true state) and the images do not; with no delta-action (arm) joint nothing is noised; it is
+    drawn from the batch's generator (the same seed, the same batch)."""
+    tr = _trainer(bags, tmp_path / "run", steps=1)
+    tr.setup()
+    items = [(ep, f, 0) for ep in tr.train_eps for f in range(0, ep.num_frames, 7)][:6]
+    gen = lambda: torch.Generator().manual_seed(3)                                  # noqa: E731
+    clean = tr.maker.make(items, gen())
+    noisy = tr.maker.make(items, gen(), state_noise=0.3)
+    again = tr.maker.make(items, gen(), state_noise=0.3)
+    assert not torch.equal(clean.tokens, noisy.tokens) and torch.equal(noisy.tokens, again.tokens)
+    assert torch.equal(clean.actions, noisy.actions) and torch.equal(clean.images, noisy.images)
+    mask = tr.maker.delta_mask.copy()
+    tr.maker.delta_mask[:] = False                                                  # no arm joint: nothing to noise
+    try:
+        assert torch.equal(tr.maker.make(items, gen(), state_noise=0.3).tokens, clean.tokens)
+    finally:
+        tr.maker.delta_mask[:] = mask

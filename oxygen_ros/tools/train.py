@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--locate-in-instruction", action="store_true",
                     help="experiment: append the named cube's cell (the frame's 'Where is the <colour> cube?' text "
                          "target) to every instruction; evaluate with oxygen sim-eval --locate-prompt")
+    ap.add_argument("--state-noise", type=float, default=0.0,
+                    help="experiment: Gaussian noise (rad) on the arm joints of the state in the action prompt (not in "
+                         "the targets), against the copycat shortcut; 0 = off")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
                      asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, init_vision=a.init_vision,
                      resume=a.resume,
                      eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
+                     state_noise=a.state_noise,
                      topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

@@ -71,8 +71,11 @@ class BatchMaker:
 
     # ---- one batch -------------------------------------------------------------------------------------------------
     def make(self, items: list[tuple[Episode, int, int]], gen: torch.Generator | None = None,
-             augment: bool = False) -> Batch:
-        """items: (episode, frame, text choice index) per row."""
+             augment: bool = False, state_noise: float = 0.0) -> Batch:
+        """items: (episode, frame, text choice index) per row.  ``state_noise`` > 0: Gaussian noise of that standard
+        deviation (rad) on the delta-action joints (the arms) of the state *in the prompt* only - the action targets
+        stay relative to the true state - so that the arm's pose alone cannot tell where it is going (the copycat
+        shortcut of behaviour cloning with proprioception); drawn from ``gen``."""
         from oxygen_ros.model.processing import image_to_tensor  # noqa: PLC0415
 
         cfg, H, A = self.cfg, self.cfg.action_horizon, self.cfg.action_dim
@@ -92,7 +95,13 @@ class BatchMaker:
                 if ep.image_mask[f, c]:
                     images[b, c] = image_to_tensor(ep.images[f, c])
                     image_masks[b, c] = True
-            t, m, truncated = self.proc.encode_prompt("action", ep.instruction[f], ep.state[f])
+            prompt_state = ep.state[f]
+            if state_noise > 0:
+                n = torch.randn(len(prompt_state), generator=gen).numpy() * state_noise
+                k = min(len(prompt_state), len(self.delta_mask))
+                prompt_state = prompt_state.copy()
+                prompt_state[:k] += np.where(self.delta_mask[:k], n[:k], 0.0).astype(prompt_state.dtype)
+            t, m, truncated = self.proc.encode_prompt("action", ep.instruction[f], prompt_state)
             if truncated:
                 raise ValueError(f"{ep.source} frame {f}: the action prompt does not fit max_token_len "
                                  f"{cfg.max_token_len}")

@@ -72,6 +72,7 @@ class TrainOptions:
     resume: bool = False                   # continue the run in ``out`` from its latest checkpoint
     eval_every: int = 0
     locate_in_instruction: bool = False    # experiment: the named cube's cell appended to each frame's instruction
+    state_noise: float = 0.0               # experiment: noise (rad) on the arms' state in the prompt (batches.py)
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -305,7 +306,7 @@ class Trainer:
                 aug_seed = int(torch.randint(0, 1 << 62, (1,), generator=self.gen))
                 lo, hi = self.rank * per, (self.rank + 1) * per
                 batch = self.maker.make(items[lo:hi], torch.Generator().manual_seed(aug_seed + self.rank),
-                                        augment=o.augment).to(self.device)
+                                        augment=o.augment, state_noise=o.state_noise).to(self.device)
                 lr = lr_at(self.step, o)
                 for g in self.opt.param_groups:
                     g["lr"] = lr

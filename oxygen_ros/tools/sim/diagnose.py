@@ -13,6 +13,8 @@ A model is also asked, in the same scene (the same still frame, through the node
 <named> cube?" - the localisation text target the policy co-trains on, answered as a cell of an 8 x 8 grid of the top
 camera's image (``sim.tasks.cube_locations``).  Scored exact and within one cell: whether the *prefix* the action expert
 reads locates the cube, apart from whether the plan uses it (``--no-locate`` skips it).
+``--copycat T`` adds, per model, the plan from the expert's state T s into each episode with that frame's own images
+and with another scene's (``copycat.py``): cube-following that survives the wrong image comes from the state.
 Outputs under ``--out``: ``grounding.json`` (per scene and the statistics), ``grounding.png`` (planned vs true per
 axis) and the table on stdout.
 """
@@ -160,6 +162,8 @@ def _plot(results: list[dict], path: Path) -> str:
         ok = [r for r in res["rows"] if "planned" in r]
         for k, ax in enumerate(axes):
             cell = f" + {res['instruction_cell']}" if res.get("instruction_cell") else ""
+            if res.get("copycat_t") is not None:
+                cell += f" @{res['copycat_t']:g}s {res['image']} image"
             ax.scatter([r["true"][k] for r in ok], [r["planned"][k] for r in ok], s=12, alpha=0.7,
                        label=f"{res['policy'][-30:]}{cell} "
                              f"(r within arm {res['stats'].get('xy'[k], {}).get('r', 0):+.2f})")
@@ -195,6 +199,10 @@ def main(argv=None) -> int:
                     help="for a policy trained with oxygen train --locate-in-instruction: the cell appended to the "
                          "instruction - none, the true one or a fixed one (repeatable: a table row per cell per "
                          "policy)")
+    ap.add_argument("--copycat", type=float, default=None, metavar="T",
+                    help="also: at the expert's state T seconds into each episode, the plan with that frame's own "
+                         "images vs another scene's (tools/sim/copycat.py: does the plan follow the image or the "
+                         "state?); model policies only")
     ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
     o = ap.parse_args(argv)
     policies = o.policy or ["expert", "demo"]
@@ -213,10 +221,24 @@ def main(argv=None) -> int:
             ap.error(f"--instruction-cell must be true or 'row R column C', got {c!r}")
     if any(cells) and "expert" in policies:
         ap.error("--instruction-cell: model policies only (the expert reads no text)")
+    if o.copycat is not None and o.copycat <= 0:
+        ap.error("--copycat must be > 0 s")
+    given = list(zip(names, policies))
     runs = [(n, p, c) for n, p in zip(names, policies) for c in cells]
     names = [n if c is None else f"{n} + {c}" for n, _, c in runs]
     results = [grounding(p, o.task, o.seeds, o.camera_size, o.params, locate=not o.no_locate and c is None,
                          instruction_cell=c) for _, p, c in runs]
+    if o.copycat is not None:
+        from .copycat import image_vs_state  # noqa: PLC0415
+        for n, p in given:
+            if p == "expert":
+                continue
+            try:
+                pair = image_vs_state(p, o.task, o.seeds, o.copycat, o.camera_size, o.params)
+            except ValueError as exc:
+                ap.error(str(exc))
+            results += pair
+            names += [f"{n} @{o.copycat:g}s, its image", f"{n} @{o.copycat:g}s, another scene's"]
     lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
              "first chunk's planned endpoint displacement vs the named cube's offset)",
              "locate: \"Where is the <named> cube?\" asked in the same scene, answered as a cell of 8 x 8 of the top "
@@ -227,6 +249,10 @@ def main(argv=None) -> int:
         pct = [f"{loc[k]:.0%}" if loc.get(k) is not None else "-" for k in ("exact", "within_one_cell")]
         lines.append(f"{name[-48:]:<48} {s['x']['r']:>+7.3f} {s['x']['slope']:>+8.3f} "
                      f"{s['y']['r']:>+7.3f} {s['y']['slope']:>+8.3f} {pct[0]:>7} {pct[1]:>8}")
+    for name, r in zip(names, results):
+        if "mean_abs_change" in r:
+            lines.append(f"{name[-48:]}: another scene's image moves the endpoint by {r['mean_abs_change']} m "
+                         f"(x / y, mean; the plan itself: {r['mean_abs_plan']} m)")
     table = "\n".join(lines)
     (out / "grounding.json").write_text(json.dumps({"task": o.task, "results": results}, indent=1))
     (out / "table.txt").write_text(table + "\n")
