@@ -7,7 +7,7 @@ or is off the path.  This file measures it.  For each seed the scripted expert d
 action path until ``T`` seconds; the frame there (three images, the state, the gripper and cube positions) is kept.
 The policy then plans from that state twice: with that frame's own images, and with the images of another seed's frame
 for the same arm (a cube elsewhere).  Each plan's endpoint (forward kinematics of the chunk's last row) against the
-named cube's offset: the within-arm statistics of ``diagnose.within_group_stats``.  Cube-following that survives
+named cube's offset: the within-arm statistics of ``report.within_group_stats``.  Cube-following that survives
 another scene's image comes from the state, not from seeing the cube.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def image_vs_state(policy: str, task: str, seeds, t_probe: float, camera_size: i
     from oxygen_ros.sim.ik import ArmIK  # noqa: PLC0415
     from oxygen_ros.sim.scene import JOINTS, AlohaScene  # noqa: PLC0415
 
-    from .diagnose import within_group_stats  # noqa: PLC0415
+    from .report import within_group_stats  # noqa: PLC0415
 
     frames = _expert_frames(task, seeds, t_probe, camera_size, params)
     if len(frames) < 4:

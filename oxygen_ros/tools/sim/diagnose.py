@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .report import within_group_stats
+
 __all__ = ["grounding", "within_group_stats", "cell_distance", "main"]
 
 LOCATE_MAX_CYCLES = 30                  # camera frames of the still scene to wait for the answer
@@ -65,25 +67,6 @@ def _ask_locate(pol, spec, sim, first_obs) -> dict:
             break
     d = cell_distance(answer or "", truth)
     return {"question": q, "answer": answer, "truth": truth, "cells_off": d}
-
-
-def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
-    """Per axis: Pearson r and the least-squares slope of planned [N, k] on true [N, k] after removing each group's
-    mean (so that a policy that only knows which arm moves scores 0)."""
-    planned, true = np.asarray(planned, float), np.asarray(true, float)
-    groups = np.asarray(groups)
-    p, t = planned.copy(), true.copy()
-    for g in np.unique(groups):
-        m = groups == g
-        p[m] -= p[m].mean(0)
-        t[m] -= t[m].mean(0)
-    out = {}
-    for k, ax in enumerate("xyz"[:planned.shape[1]]):
-        sp, st = float(np.sqrt((p[:, k] ** 2).sum())), float(np.sqrt((t[:, k] ** 2).sum()))
-        r = float((p[:, k] * t[:, k]).sum() / (sp * st)) if sp > 0 and st > 0 else 0.0
-        slope = float((p[:, k] * t[:, k]).sum() / (t[:, k] ** 2).sum()) if st > 0 else 0.0
-        out[ax] = {"r": round(r, 4), "slope": round(slope, 4)}
-    return out
 
 
 def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None,

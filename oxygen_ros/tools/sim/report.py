@@ -25,7 +25,8 @@ import re
 
 import numpy as np
 
-__all__ = ["wilson", "normalise", "colours_in", "episode_measures", "aggregate", "format_table", "plot"]
+__all__ = ["wilson", "normalise", "colours_in", "episode_measures", "aggregate", "format_table", "plot",
+           "within_group_stats"]
 
 _COLOURS = ("red", "green", "blue", "yellow")
 
@@ -232,4 +233,23 @@ def summary(doc: dict) -> dict:
     episodes = doc.get("episodes", [])
     out["episodes"] = [{k: v for k, v in e.items() if not isinstance(v, list)} for e in episodes]
     out["left_out"] = sorted({k for e in episodes for k, v in e.items() if isinstance(v, list)})
+    return out
+
+
+def within_group_stats(planned: np.ndarray, true: np.ndarray, groups) -> dict:
+    """Per axis: Pearson r and the least-squares slope of planned [N, k] on true [N, k] after removing each group's
+    mean (so that a policy that only knows which arm moves scores 0)."""
+    planned, true = np.asarray(planned, float), np.asarray(true, float)
+    groups = np.asarray(groups)
+    p, t = planned.copy(), true.copy()
+    for g in np.unique(groups):
+        m = groups == g
+        p[m] -= p[m].mean(0)
+        t[m] -= t[m].mean(0)
+    out = {}
+    for k, ax in enumerate("xyz"[:planned.shape[1]]):
+        sp, st = float(np.sqrt((p[:, k] ** 2).sum())), float(np.sqrt((t[:, k] ** 2).sum()))
+        r = float((p[:, k] * t[:, k]).sum() / (sp * st)) if sp > 0 and st > 0 else 0.0
+        slope = float((p[:, k] * t[:, k]).sum() / (t[:, k] ** 2).sum()) if st > 0 else 0.0
+        out[ax] = {"r": round(r, 4), "slope": round(slope, 4)}
     return out
