@@ -253,12 +253,13 @@ class ProcessWatch:
             self.sample()
 
     def alive(self) -> dict[tuple[int, int], str]:
-        """The recorded processes still running (not zombies): {(pid, start time): command line}."""
+        """The recorded processes still running (not zombies): {(pid, start time): command line}.  The command line is
+        read now: one recorded between fork and exec still showed its parent's (exec keeps pid and start time)."""
         out = {}
         for key, cmd in self.seen.items():
             st = self._stat(key[0])
             if st is not None and st[1] == key[1] and st[2] != "Z":
-                out[key] = cmd
+                out[key] = self._cmdline(key[0]) or cmd
         return out
 
     def wait_gone(self, timeout: float) -> dict[tuple[int, int], str]:
