@@ -19,13 +19,10 @@ and transfer).  Duck-typed on the policy: no import of the ROS shell.
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from .tasks import cube_locations, locate_question, located_instruction
+from .tasks import cube_locations, locate_question, located_instruction, parse_cell
 
 __all__ = ["LocateOracle", "LocateSelf", "wrap"]
-
-_CELL = re.compile(r"row \d+ column \d+")
 
 
 class _LocatePrompt:
@@ -69,13 +66,11 @@ class LocateSelf(_LocatePrompt):
 
     def reset(self, spec, sim) -> None:
         super().reset(spec, sim)
-        self.asked = self.answered = 0
+        self.asked = 0
 
     def cell(self) -> str | None:
-        said = [e["text"].strip() for e in self.policy.language_log
-                if e["kind"] == "conversation" and e["prompt"] == self._question]
-        self.answered = len(said)
-        good = [s for s in said if _CELL.fullmatch(s)]
+        good = [e["text"].strip() for e in self.policy.language_log
+                if e["kind"] == "conversation" and e["prompt"] == self._question and parse_cell(e["text"])]
         return good[-1] if good else None
 
     def before_act(self) -> None:

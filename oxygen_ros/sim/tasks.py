@@ -21,6 +21,7 @@ stages.  ``scene_answers`` / ``memory_text`` give the exact strings a policy mus
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,7 @@ from .scene import COLOURS, CUBE_HALF, MAX_CUBES, AlohaScene, Cube, SceneSpec
 
 __all__ = ["TASKS", "TIME_LIMIT_S", "QUESTIONS", "MEMORY_PROMPT", "TaskSpec", "draw_task", "TaskMonitor",
            "scene_facts", "scene_answers", "memory_text", "number_word", "LOCATE_GRID", "locate_question",
-           "cube_locations"]
+           "cube_locations", "located_instruction", "named_colour", "parse_cell"]
 
 TASKS = ("reach", "pick", "transfer")
 TIME_LIMIT_S = {"reach": 4.0, "pick": 6.0, "transfer": 8.0}
@@ -169,10 +170,15 @@ def located_instruction(instruction: str, cell: str) -> str:
 
 def named_colour(instruction: str) -> str | None:
     """The colour of the cube an instruction names ("pick up the red cube" -> "red"), None if it names none."""
-    import re  # noqa: PLC0415
-
     m = re.search(r"\bthe (\w+) cube\b", instruction)
     return m.group(1) if m else None
+
+
+def parse_cell(text: str | None) -> tuple[int, int] | None:
+    """(row, column) of a "row R column C" answer (``cube_locations``' format; surrounding blanks allowed), None for
+    anything else ("not in view", a model's malformed text, None)."""
+    m = re.fullmatch(r"\s*row (\d+) column (\d+)\s*", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def cube_locations(sim: AlohaScene) -> dict:

@@ -38,13 +38,12 @@ LOCATE_MAX_CYCLES = 30                  # camera frames of the still scene to wa
 def cell_distance(answer: str, truth: str) -> int | None:
     """Cells between two "row R column C" answers (Chebyshev: 0 = the same cell, 1 = a neighbour); None when either
     is not such an answer (e.g. "not in view", or a model's malformed text)."""
-    import re  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import parse_cell  # noqa: PLC0415
 
-    got = [re.fullmatch(r"\s*row (\d+) column (\d+)\s*", x or "") for x in (answer, truth)]
-    if not all(got):
+    a, b = parse_cell(answer), parse_cell(truth)
+    if a is None or b is None:
         return None
-    (r0, c0), (r1, c1) = ((int(m.group(1)), int(m.group(2))) for m in got)
-    return max(abs(r0 - r1), abs(c0 - c1))
+    return max(abs(a[0] - b[0]), abs(a[1] - b[1]))
 
 
 def _ask_locate(pol, spec, sim, first_obs) -> dict:
@@ -125,8 +124,10 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
 
 
 def _locate_stats(rows) -> dict:
+    from oxygen_ros.sim.tasks import parse_cell  # noqa: PLC0415
+
     asked = [r["locate"] for r in rows if r.get("locate")]
-    scored = [a for a in asked if a["truth"].startswith("row")]      # the named cube in the top camera's view
+    scored = [a for a in asked if parse_cell(a["truth"])]            # the named cube in the top camera's view
     n = len(scored)
     return {"asked": len(asked), "scored": n,
             "answered": sum(a["answer"] is not None for a in scored),
@@ -197,10 +198,10 @@ def main(argv=None) -> int:
             ap.error(f"--policy {p!r} is not expert, random, demo or a checkpoint directory")
     out = Path(o.out or Path("out") / "sim_diagnose" / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     out.mkdir(parents=True, exist_ok=True)
-    import re  # noqa: PLC0415
+    from oxygen_ros.sim.tasks import parse_cell  # noqa: PLC0415
     cells = [None if c == "none" else c for c in (o.instruction_cell or ["none"])]
     for c in cells:
-        if c is not None and c != "true" and not re.fullmatch(r"row \d+ column \d+", c):
+        if c is not None and c != "true" and (c != c.strip() or parse_cell(c) is None):
             ap.error(f"--instruction-cell must be true or 'row R column C', got {c!r}")
     if any(cells) and "expert" in policies:
         ap.error("--instruction-cell: model policies only (the expert reads no text)")
