@@ -221,6 +221,7 @@ def test_copycat_plans_from_the_experts_mid_episode_state_with_its_own_and_anoth
         assert a["seed"] == b["seed"] == a["image_of"] != b["image_of"] and a["arm"] == b["arm"]
         assert a["true"] == b["true"]                                             # the same state, the same target
     assert len(other["mean_abs_change"]) == 2
-    with pytest.raises(SystemExit) as e:
-        diagnose.main(["--policy", "demo", "--copycat", "0", "--seeds", "0:1", "--out", str(tmp_path / "x")])
-    assert e.value.code == 2
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            diagnose.main(["--policy", "demo", "--copycat", bad, "--seeds", "0:1", "--out", str(tmp_path / "x")])
+        assert e.value.code == 2

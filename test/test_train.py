@@ -408,3 +408,13 @@ def test_state_noise_changes_only_the_prompts_state_on_the_arm_joints(bags, tmp_
         assert torch.equal(tr.maker.make(items, gen(), state_noise=0.3).tokens, clean.tokens)
     finally:
         tr.maker.delta_mask[:] = mask
+
+
+@pytest.mark.parametrize("bad", ["-0.1", "nan", "inf"])
+def test_a_state_noise_that_is_not_a_finite_non_negative_number_is_refused(bad, tmp_path, capsys):
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--state-noise", bad])
+    assert e.value.code == 2 and "--state-noise must be a finite number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+

@@ -96,6 +96,8 @@ def main(argv=None) -> int:
 
     ap = _parser()
     a = ap.parse_args(argv)
+    if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
+        ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
     topics = {"actions": a.actions_topic, "joint_states": a.joint_states_topic, "instruction": a.instruction_topic,
               "episode": a.episode_topic, "text_targets": a.text_targets_topic}
     o = TrainOptions(bags=a.bags, out=a.out, params=a.params, preset=a.preset, steps=a.steps,

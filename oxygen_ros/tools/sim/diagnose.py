@@ -205,8 +205,8 @@ def main(argv=None) -> int:
             ap.error(f"--instruction-cell must be true or 'row R column C', got {c!r}")
     if any(cells) and "expert" in policies:
         ap.error("--instruction-cell: model policies only (the expert reads no text)")
-    if o.copycat is not None and o.copycat <= 0:
-        ap.error("--copycat must be > 0 s")
+    if o.copycat is not None and not 0 < o.copycat < float("inf"):      # NaN fails too
+        ap.error("--copycat must be a finite time > 0 s")
     given = list(zip(names, policies))
     runs = [(n, p, c) for n, p in zip(names, policies) for c in cells]
     names = [n if c is None else f"{n} + {c}" for n, _, c in runs]
