@@ -418,3 +418,54 @@ def test_a_state_noise_that_is_not_a_finite_non_negative_number_is_refused(bad, 
     assert e.value.code == 2 and "--state-noise must be a finite number >= 0" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
+
+
+def test_no_state_input_leaves_the_state_out_of_the_prompt_and_the_node_follows_the_checkpoint(bags, tmp_path):
+    """``--no-state-input`` (issue 26: the arm's pose must not carry the motion): the training prompt's tokens do not
+    depend on the state while the targets still do (relative actions); the checkpoint says so (config.json), so the
+    node's own loader builds a processor whose prompt has no state; fine-tuning it without the flag is refused, and
+    ``--init`` from a checkpoint with state plus the flag drops the state from there on."""
+    from oxygen_ros.model.processing import Observation
+    from oxygen_ros.ros.engine_factory import build_engine
+    from oxygen_ros.ros.lockstep import sim_settings
+    tr = _trainer(bags, tmp_path / "run", steps=20, state_input=False)
+    tr.setup()
+    assert tr.cfg.discrete_state_input is False
+    ep = tr.train_eps[0]
+    items = [(ep, f, 0) for f in range(0, ep.num_frames, 5)][:4]
+    gen = lambda: torch.Generator().manual_seed(3)                                  # noqa: E731
+    b = tr.maker.make(items, gen())
+    moved = ep.state.copy()
+    ep.state[:] = moved + 0.2
+    try:
+        b2 = tr.maker.make(items, gen())
+    finally:
+        ep.state[:] = moved
+    assert torch.equal(b.tokens, b2.tokens) and not torch.equal(b.actions, b2.actions)
+    ck = Path(tr.train()["latest"])
+    assert json.loads((ck / "config.json").read_text())["discrete_state_input"] is False
+    built = build_engine(sim_settings(None, {"checkpoint": str(ck), "device": "cpu"}), on_actions=lambda r: None,
+                         on_token=lambda e: None, on_finished=lambda r: None)
+    proc = built.engine.processor
+    obs = [Observation(images=list(ep.images[3]), state=s, prompt=ep.instruction[3])
+           for s in (ep.state[3], ep.state[3] + 0.5)]
+    a, c = (proc.prepare(o) for o in obs)
+    assert torch.equal(a.tokens, c.tokens) and "State" not in a.prompt_text
+    with pytest.raises(ValueError, match="without the state in its action prompt"):
+        _trainer(bags, tmp_path / "again", init=str(ck)).setup()
+    src = _trainer(bags, tmp_path / "s", steps=1)
+    src.setup()
+    with_state = Path(src.train()["latest"])
+    assert json.loads((with_state / "config.json").read_text())["discrete_state_input"] is True
+    ft = _trainer(bags, tmp_path / "ft", steps=1, init=str(with_state), state_input=False)
+    ft.setup()
+    assert ft.cfg.discrete_state_input is False
+    assert json.loads((Path(ft.train()["latest"]) / "config.json").read_text())["discrete_state_input"] is False
+
+
+def test_no_state_input_with_state_noise_is_refused(tmp_path, capsys):
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--no-state-input", "--state-noise", "0.1"])
+    assert e.value.code == 2 and "with --no-state-input there is none" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--state-noise", type=float, default=0.0,
                     help="experiment: Gaussian noise (rad) on the arm joints of the state in the action prompt (not in "
                          "the targets), against the copycat shortcut; 0 = off")
+    ap.add_argument("--no-state-input", action="store_true",
+                    help="leave the joint state out of the action prompt (openpi's discrete_state_input=False, as in "
+                         "pi05_libero): the policy must plan from the images, so the arm's pose cannot carry the motion "
+                         "(the copycat shortcut, oxygen sim-diagnose --copycat); saved in the checkpoint, so the node "
+                         "sends the prompt without state for it")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
         ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
+    if a.no_state_input and a.state_noise:
+        ap.error("--state-noise perturbs the state in the prompt; with --no-state-input there is none")
     topics = {"actions": a.actions_topic, "joint_states": a.joint_states_topic, "instruction": a.instruction_topic,
               "episode": a.episode_topic, "text_targets": a.text_targets_topic}
     o = TrainOptions(bags=a.bags, out=a.out, params=a.params, preset=a.preset, steps=a.steps,
@@ -109,7 +116,7 @@ def main(argv=None) -> int:
                      asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, init_vision=a.init_vision,
                      resume=a.resume,
                      eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
-                     state_noise=a.state_noise,
+                     state_noise=a.state_noise, state_input=not a.no_state_input,
                      topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

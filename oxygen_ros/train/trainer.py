@@ -73,6 +73,7 @@ class TrainOptions:
     eval_every: int = 0
     locate_in_instruction: bool = False    # experiment: the named cube's cell appended to each frame's instruction
     state_noise: float = 0.0               # experiment: noise (rad) on the arms' state in the prompt (batches.py)
+    state_input: bool = True               # False: no state in the action prompt (openpi's discrete_state_input)
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -178,10 +179,17 @@ class Trainer:
                 if (want.vision, want.vlm, want.expert) != (cfg.vision, cfg.vlm, cfg.expert):
                     raise ValueError(f"--init {init_dir}: its architecture ({cfg.name}) is not the preset "
                                      f"{o.preset!r}'s; drop --preset or pick the matching one")
+            if not o.state_input and not resume_dir:
+                cfg = cfg.replace(discrete_state_input=False)
+            elif o.state_input and not cfg.discrete_state_input:
+                raise ValueError(f"{init_dir} was trained without the state in its action prompt; "
+                                 "keep --no-state-input (a prompt it never saw would follow)")
         else:
             over = dict(o.model_overrides)
             if o.horizon:
                 over["action_horizon"] = o.horizon
+            if not o.state_input:
+                over["discrete_state_input"] = False
             cfg = get_config(o.preset, **over)
         tm = TopicMap.from_layout(layout, **o.topics)
         t0 = time.perf_counter()
@@ -201,6 +209,7 @@ class Trainer:
                 ns = NormStats.from_dict(norm_stats(self.train_eps, cfg.action_horizon, self.delta_mask))
             tok = pol.tokenizer
             model = pol.model
+            model.cfg = cfg                    # what save_checkpoint writes (--no-state-input may have changed it)
             self.tok_path = init_dir / SPM_FILENAME if (init_dir / SPM_FILENAME).is_file() else None
         else:
             ns = NormStats.from_dict(norm_stats(self.train_eps, cfg.action_horizon, self.delta_mask))
