@@ -67,7 +67,8 @@ ros-bench: setup
 # of DAgger (the current policy drives, the expert labels every frame it visits, the policy is fine-tuned on
 # everything so far) -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured (its card) made
 # the policy worse (reach 31 % -> 8 %).  Seeds 100000 and up (evaluation: 0-99).  Ship a result by copying it
-# to checkpoints/demo once `bench/sim_evals.sh main` shows it better.
+# to checkpoints/demo once `bench/sim_evals.sh main` shows it better.  --bf16 auto: bf16 autocast where the CPU / GPU
+# computes bf16 natively (the VM the card's times come from: avx512_bf16), fp32 elsewhere (emulated bf16 is ~15x slower).
 DATA ?= data
 RUN ?= runs/demo
 OXY = $(VENV)/bin/oxygen
@@ -79,7 +80,7 @@ DEMO_STEPS0B ?= 3000
 DEMO_DAGGER_EPISODES ?= 100
 DEMO_STEPS_DAGGER ?= 2500
 DAGGER_ROUNDS ?= 0
-TRAIN_ARGS ?= --preset demo --batch-size 32 --text-weight 1.0 --bf16 --compile --threads 2 --val-fraction 0.03 \
+TRAIN_ARGS ?= --preset demo --batch-size 32 --text-weight 1.0 --bf16 auto --compile --threads 2 --val-fraction 0.03 \
 	--ckpt-every 1000 --val-every 500 --log-every 50
 train-demo: setup
 	$(OXY) sim-record --out $(DATA)/r0_clean --seeds $(DEMO_SEEDS0) --overwrite --quiet & \

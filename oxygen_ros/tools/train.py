@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--text-weight", type=float, default=0.5, help="weight of the text cross-entropy (0 = off)")
     ap.add_argument("--horizon", type=int, default=None, help="action chunk rows (default: the preset's)")
     ap.add_argument("--vocab-size", type=int, default=1024, help="SentencePiece vocabulary (at most)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (avx512_bf16 CPUs, GPUs)")
+    ap.add_argument("--bf16", nargs="?", const="on", default="off", choices=("on", "off", "auto"),
+                    help="bf16 autocast: --bf16 (= on) needs native bf16 (GPUs, avx512_bf16 / AMX CPUs) and is refused "
+                         "elsewhere (emulated: ~15x slower); auto = on where native, else fp32 (default: off)")
     ap.add_argument("--augment", action="store_true", help="shift / re-light the base camera")
     ap.add_argument("--compile", action="store_true", help="torch.compile the training step (a few minutes to "
                                                           "build; faster steps)")

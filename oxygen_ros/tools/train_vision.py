@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=d.first_seed, help="scene seeds first-seed.. (keep them "
                                                                           "apart from training / evaluation seeds)")
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--bf16", nargs="?", const="on", default="off", choices=("on", "off", "auto"),
+                    help="bf16 autocast: on needs native bf16 (avx512_bf16 / AMX), auto = where native (default: off)")
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--eval-every", type=int, default=d.eval_every)
     a = ap.parse_args(argv)

@@ -36,7 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "ddp_backend"]
+from .precision import resolve_bf16
+
+__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "resolve_bf16", "ddp_backend"]
 
 
 @dataclass
@@ -53,7 +55,7 @@ class TrainOptions:
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     text_weight: float = 0.5
-    bf16: bool = False
+    bf16: bool | str = False               # bf16 autocast: True / "on", False / "off", "auto" (resolve_bf16)
     compile: bool = False                  # torch.compile the training step (inductor; minutes to build, then faster)
     augment: bool = False
     seed: int = 0
@@ -157,6 +159,7 @@ class Trainer:
         self.device = dev = resolve_device(o.device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
+        self.bf16 = resolve_bf16(o.bf16, dev)
         if self.world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group(ddp_backend(dev))
         layout = self.layout
@@ -268,7 +271,7 @@ class Trainer:
         self._say(f"model: {cfg.name} {n_par / 1e6:.2f} M trainable parameters, H={cfg.action_horizon}, "
                   f"vocab {tok.vocab_size}, image {cfg.image_size} px, text_len {self.maker.text_len}; "
                   f"{len(self.samples)} training frames, {sum(e.num_frames for e in self.val_eps)} validation frames; "
-                  f"world {self.world}, device {dev}{', bf16' if o.bf16 else ''}")
+                  f"world {self.world}, device {dev}{', bf16' if self.bf16 else ', fp32'}")
         self._val_items = self._fixed_val_items()
 
     # ------------------------------------------------------------------------------------------------ batches
@@ -323,7 +326,7 @@ class Trainer:
                 if self.world > 1:                    # global denominators: DDP's mean of rank gradients = global
                     torch.distributed.all_reduce(counts)
                 denoms = counts.clamp(min=1.0) / self.world
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=o.bf16):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                     loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
                                              tt[lo:hi].to(self.device), o.text_weight, denoms)
                 self.opt.zero_grad(set_to_none=True)
@@ -411,7 +414,7 @@ class Trainer:
         opt_t, opt_meta = _flatten_optimizer(self.opt)
         save_file(opt_t | {"gen_state": self.gen.get_state()}, str(tmp / "train_state.safetensors"))
         state = {"step": self.step, "rng": _jsonable(self.rng.bit_generator.state), "optimizer": opt_meta,
-                 "options": asdict(self.o), "text_len": self.maker.text_len,
+                 "options": asdict(self.o), "bf16_autocast": self.bf16, "text_len": self.maker.text_len,
                  "val_episodes": [e.source for e in self.val_eps], "curves": self.curves,
                  "delta_action_mask": self.delta_mask.astype(int).tolist()}
         (tmp / "train_state.json").write_text(json.dumps(state, indent=1, default=str))

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import resolve_bf16
+
 __all__ = ["VisionOptions", "LocateHead", "render_scenes", "pretrain_vision", "load_vision", "VISION_FILE"]
 
 VISION_FILE = "vision.safetensors"
@@ -48,7 +50,7 @@ class VisionOptions:
     arm_noise: float = 0.3              # rad, uniform on each arm joint, in half of the scenes (0: start pose only)
     first_seed: int = 500_000           # scene seeds first_seed.. (training episodes use 100000.., evaluation 0..)
     seed: int = 0
-    bf16: bool = False
+    bf16: bool | str = False               # on / off / auto (precision.resolve_bf16)
     threads: int = 0
     eval_every: int = 100
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
@@ -137,6 +139,7 @@ def pretrain_vision(o: VisionOptions, log=print) -> dict:
         raise ValueError(f"need more scenes ({o.scenes}) than validation scenes ({o.val_scenes}) and steps >= 1")
     if o.threads:
         torch.set_num_threads(o.threads)
+    bf16 = resolve_bf16(o.bf16, torch.device("cpu"))        # before minutes of rendering
     out = Path(o.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = get_config(o.preset, **o.model_overrides)
@@ -151,7 +154,7 @@ def pretrain_vision(o: VisionOptions, log=print) -> dict:
     head = LocateHead(cfg.vision.width, labels.shape[1])
     params = list(vision.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=o.lr, weight_decay=1e-4)
-    dtype = torch.bfloat16 if o.bf16 else torch.float32
+    dtype = torch.bfloat16 if bf16 else torch.float32
     gen = torch.Generator().manual_seed(o.seed)
     curve, t0 = [], time.perf_counter()
     for step in range(1, o.steps + 1):
@@ -159,7 +162,7 @@ def pretrain_vision(o: VisionOptions, log=print) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         idx = torch.randint(len(ti), (o.batch_size,), generator=gen).numpy()
-        with torch.autocast("cpu", torch.bfloat16, enabled=o.bf16):
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
             pred = head(vision(_to_pixels(ti[idx]), dtype).float())
         loss = locate_loss(pred.float(), torch.from_numpy(tl[idx]))
         opt.zero_grad(set_to_none=True)
