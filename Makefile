@@ -68,7 +68,7 @@ ros-bench: setup
 # everything so far) -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured (its card) made
 # the policy worse (reach 31 % -> 8 %).  Seeds 100000 and up (evaluation: 0-99).  Ship a result by copying it
 # to checkpoints/demo once `bench/sim_evals.sh main` shows it better.  --bf16 auto: bf16 autocast where the CPU / GPU
-# computes bf16 natively (the VM the card's times come from: avx512_bf16), fp32 elsewhere (emulated bf16 is ~15x slower).
+# computes bf16 natively (the VM the card's times come from: avx512_bf16), fp32 elsewhere (emulated bf16: >3x slower).
 DATA ?= data
 RUN ?= runs/demo
 OXY = $(VENV)/bin/oxygen

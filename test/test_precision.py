@@ -1,5 +1,5 @@
 """``--bf16`` follows the hardware (``train/precision.py``): on where bf16 is native, refused where autocast would
-emulate it (an AVX2-only CPU: a training step ~15x slower than fp32, found when ``make train-demo`` crawled on such a
+emulate it (an AVX2-only CPU: a training step over 3x slower than fp32, found when ``make train-demo`` crawled on such a
 VM), and ``auto`` picks fp32 there.  The CPU's capability is faked both ways, so the test runs the same on any host."""
 from __future__ import annotations
 
