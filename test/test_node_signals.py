@@ -1,4 +1,5 @@
-"""Signal storms: ``oxygen_node`` as a separate process must exit with status 0 within 5 s and print no traceback for
+"""Signal storms: ``oxygen_node`` as a separate process must exit with status 0 within 5 s (scaled by the
+machine's load per core when it is oversubscribed: ``exit_budget_s``) and print no traceback for
 every signal sequence a robot's process manager produces: SIGINT, SIGINT twice 50 ms apart (``ros2 launch`` with a
 non-tty stdin sends two), SIGTERM, SIGINT then SIGTERM (a supervisor escalating mid-shutdown), SIGTERM twice, and a
 signal during *configure* (the model still loading); and the node leaves the ROS graph at once.  The nodes run
@@ -10,6 +11,7 @@ sequence shares that set-up.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -55,6 +57,15 @@ def nodes(tmp_path_factory, synthetic_bag):
                 p.stop(signal.SIGKILL)
 
 
+def exit_budget_s() -> float:
+    """5 s - ``ros2 launch``'s wait before it escalates SIGINT to SIGTERM - on a machine with a core to spare, scaled by
+    how oversubscribed this one is (1-minute load per core) when it is not: the five nodes and their replays exit
+    together, and beside a training run on both cores a clean SIGTERM exit once took 6.7 s.  A hang still fails: the
+    wait below gives up at twice the budget (at least 10 s) and the exit status is then not 0."""
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return 5.0 * max(1.0, per_core)
+
+
 def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
     t = time.monotonic()
     for i, sig in enumerate(sigs):
@@ -63,7 +74,7 @@ def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
         if p.proc.poll() is None:
             p.proc.send_signal(sig)
     try:
-        rc = p.proc.wait(10.0)
+        rc = p.proc.wait(max(10.0, 2 * exit_budget_s()))
     except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
         p.stop(signal.SIGKILL)
         rc = None
@@ -79,7 +90,8 @@ def test_signal_sequence_exits_cleanly(ros, nodes, name):
     rc, dt = _deliver(p, SEQUENCES[name])
     log = p.log()
     assert rc == 0, f"{name}: exit status {rc}\n{log[-3000:]}"
-    assert dt < 5.0, f"{name}: took {dt:.1f} s to exit"
+    limit = exit_budget_s()
+    assert dt < limit, f"{name}: took {dt:.1f} s to exit (budget {limit:.1f} s at load {os.getloadavg()[0]:.1f})"
     bad = [b for b in BAD_OUTPUT if b in log]
     assert not bad, f"{name}: {bad} in the node's output:\n{log[-3000:]}"
     # it also leaves the ROS graph at once: its participant announces the leave on exit, and the
