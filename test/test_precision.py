@@ -70,6 +70,9 @@ def test_oxygen_train_bf16_auto_trains_in_fp32_without_native_bf16(monkeypatch, 
     assert "device cpu, fp32" in cap.out + cap.err
     state = json.loads((out / "checkpoints" / "step_000002" / "train_state.json").read_text())
     assert state["options"]["bf16"] == "auto" and state["bf16_autocast"] is False
+    from oxygen_ros.train.export import export_checkpoint              # and the card's training.json keeps it
+    export_checkpoint(out, tmp_path / "policy")
+    assert json.loads((tmp_path / "policy" / "training.json").read_text())["bf16_autocast"] is False
 
 
 def test_train_vision_refuses_emulated_bf16_before_rendering(monkeypatch, tmp_path, capsys):

@@ -33,7 +33,8 @@ def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
     if (ck / "assets").is_dir():
         shutil.copytree(ck / "assets", tmp / "assets")
     state = json.loads((ck / "train_state.json").read_text())
-    summary = {k: state[k] for k in ("step", "options", "text_len", "val_episodes", "delta_action_mask") if k in state}
+    summary = {k: state[k] for k in ("step", "options", "bf16_autocast", "text_len", "val_episodes", "delta_action_mask")
+               if k in state}
     summary["source"] = str(ck)
     (tmp / "training.json").write_text(json.dumps(summary, indent=1))
     for name in ("curves.json", "curves.png"):
