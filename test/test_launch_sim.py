@@ -131,10 +131,9 @@ def test_sim_launch_closes_the_loop_and_rejects_bad_trajectories(ros, process_wa
     cq = np.array([np.asarray(m.position)[arm] for m in cm])
     order = np.argsort(ct, kind="stable")
     ct, cq = ct[order], cq[order]
-    names = list(st[0].name) if st else []
-    st_t = np.array([_ns(m.header.stamp) for m in st], dtype=np.float64) / 1e9
-    st_q = np.array([np.asarray(m.position)[arm] for m in st]) if st else np.zeros((0, len(arm)))
-    assert all(list(m.name) == names for m in st), "joint_states changed its joint order"
+    st_t = np.array([_ns(m.header.stamp) for m in st], dtype=np.float64) / 1e9       # st is not empty (above)
+    st_q = np.array([np.asarray(m.position)[arm] for m in st])
+    assert all(list(m.name) == list(st[0].name) for m in st), "joint_states changed its joint order"
     inside = outside = 0
     worst = 0.0
     for t, q in zip(st_t, st_q):

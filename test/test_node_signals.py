@@ -66,7 +66,7 @@ def exit_budget_s() -> float:
     return 5.0 * max(1.0, per_core)
 
 
-def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
+def _deliver(p: NodeProcess, sigs, budget_s: float) -> tuple[int | None, float]:
     t = time.monotonic()
     for i, sig in enumerate(sigs):
         if i:
@@ -74,7 +74,7 @@ def _deliver(p: NodeProcess, sigs) -> tuple[int | None, float]:
         if p.proc.poll() is None:
             p.proc.send_signal(sig)
     try:
-        rc = p.proc.wait(max(10.0, 2 * exit_budget_s()))
+        rc = p.proc.wait(max(10.0, 2 * budget_s))
     except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
         p.stop(signal.SIGKILL)
         rc = None
@@ -87,10 +87,10 @@ def test_signal_sequence_exits_cleanly(ros, nodes, name):
     matched = ros.publishers_matched(ActionChunk, f"/sig_{name}/action_chunk")   # only the node publishes it
     assert ros.wait_for(lambda: matched() >= 1, 30), f"{name}: the node's action_chunk publisher never matched"
     assert p.alive() and "active:" in p.log(), f"node not running before the signals:\n{p.log()[-2000:]}"
-    rc, dt = _deliver(p, SEQUENCES[name])
+    limit = exit_budget_s()
+    rc, dt = _deliver(p, SEQUENCES[name], limit)
     log = p.log()
     assert rc == 0, f"{name}: exit status {rc}\n{log[-3000:]}"
-    limit = exit_budget_s()
     assert dt < limit, f"{name}: took {dt:.1f} s to exit (budget {limit:.1f} s at load {os.getloadavg()[0]:.1f})"
     bad = [b for b in BAD_OUTPUT if b in log]
     assert not bad, f"{name}: {bad} in the node's output:\n{log[-3000:]}"
@@ -107,7 +107,7 @@ def test_signal_during_configure_exits_cleanly(tmp_path):
         t_end = time.monotonic() + STARTUP_S
         while time.monotonic() < t_end and "configur" not in p.log().lower() and p.alive():
             time.sleep(0.05)
-        rc, dt = _deliver(p, [signal.SIGINT, signal.SIGINT])
+        rc, dt = _deliver(p, [signal.SIGINT, signal.SIGINT], 5.0)
         log = p.log()
         assert rc == 0, f"exit status {rc}\n{log[-3000:]}"
         assert dt < 5.0, f"took {dt:.1f} s to exit"

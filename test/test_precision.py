@@ -13,11 +13,15 @@ from oxygen_ros.train.precision import bf16_native, resolve_bf16
 EPISODES_OLD = Path(__file__).resolve().parent / "data" / "episode_bag"
 
 
+def fake_cpu(monkeypatch, avx512_bf16: bool, amx: bool = False) -> None:
+    """The CPU's bf16 capability, as torch's probes report it."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+
+
 @pytest.fixture(params=[False, True], ids=["avx2-only", "avx512_bf16"])
 def cpu_bf16(request, monkeypatch):
-    """The CPU's bf16 capability, as torch's probes report it."""
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: request.param, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, request.param)
     return request.param
 
 
@@ -38,15 +42,13 @@ def test_resolve_bf16_follows_the_cpu(cpu_bf16):
 
 
 def test_amx_counts_as_native(monkeypatch):
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False, amx=True)
     assert resolve_bf16("on", torch.device("cpu")) is True
 
 
 def test_oxygen_train_refuses_emulated_bf16_before_reading_any_data(monkeypatch, tmp_path, capsys):
     from oxygen_ros.tools.train import main
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False)
     assert main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--device", "cpu", "--bf16"]) == 2
     err = capsys.readouterr().err
     assert "oxygen train: error: --bf16: this cpu has no native bf16" in err and "data:" not in err
@@ -60,8 +62,7 @@ def test_oxygen_train_bf16_auto_trains_in_fp32_without_native_bf16(monkeypatch, 
     import json
 
     from oxygen_ros.tools.train import main
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False)
     out = tmp_path / "run"
     assert main([str(EPISODES_OLD), "--out", str(out), "--device", "cpu", "--bf16", "auto", "--preset", "tiny",
                  "--steps", "2", "--batch-size", "4", "--warmup", "1", "--val-fraction", "0", "--ckpt-every", "2",
@@ -77,8 +78,7 @@ def test_oxygen_train_bf16_auto_trains_in_fp32_without_native_bf16(monkeypatch, 
 
 def test_train_vision_refuses_emulated_bf16_before_rendering(monkeypatch, tmp_path, capsys):
     from oxygen_ros.tools.train_vision import main
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    fake_cpu(monkeypatch, avx512_bf16=False)
     assert main(["--out", str(tmp_path / "v"), "--scenes", "600", "--steps", "1", "--bf16"]) == 2
     err = capsys.readouterr()
     assert "no native bf16" in err.err and "rendered" not in err.out

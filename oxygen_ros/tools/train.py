@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab-size", type=int, default=1024, help="SentencePiece vocabulary (at most)")
     ap.add_argument("--bf16", nargs="?", const="on", default="off", choices=("on", "off", "auto"),
                     help="bf16 autocast: --bf16 (= on) needs native bf16 (GPUs, avx512_bf16 / AMX CPUs) and is refused "
-                         "elsewhere (emulated: ~15x slower); auto = on where native, else fp32 (default: off)")
+                         "elsewhere (emulated: several times slower than fp32); auto = on where native, else fp32 (default: off)")
     ap.add_argument("--augment", action="store_true", help="shift / re-light the base camera")
     ap.add_argument("--compile", action="store_true", help="torch.compile the training step (a few minutes to "
                                                           "build; faster steps)")

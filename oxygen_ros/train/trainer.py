@@ -38,7 +38,7 @@ import torch
 
 from .precision import resolve_bf16
 
-__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "resolve_bf16", "ddp_backend"]
+__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "ddp_backend"]
 
 
 @dataclass
