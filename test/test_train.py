@@ -469,3 +469,40 @@ def test_no_state_input_with_state_noise_is_refused(tmp_path, capsys):
         main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--no-state-input", "--state-noise", "0.1"])
     assert e.value.code == 2 and "with --no-state-input there is none" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_focus_draws_its_groups_more_often_and_validation_reports_them(bags, tmp_path):
+    """``--focus`` (issue 26: the frames vision decides): the trainer draws a group's frames as often as its weight
+    says, leaves the uniform draws untouched without it, reports the validation flow loss of the start / grasp frames
+    apart (fm_start, fm_grasp) and records the weights; a fine-tune's curve starts with its init's validation."""
+    from oxygen_ros.train.focus import frame_groups
+    plain = _trainer(bags, tmp_path / "plain", steps=1)
+    plain.setup()
+    assert plain.draw_p is None
+    tr = _trainer(bags, tmp_path / "run", steps=2, focus={"start": 50.0})
+    tr.setup()
+    start = {(id(e), f) for e in tr.train_eps
+             for f, g in enumerate(frame_groups(e, tr.cfg.action_horizon, ~tr.delta_mask, np.ones(14))) if g == "start"}
+    share = len(start) / len(tr.samples)
+    assert 0 < share < 0.5
+    drawn = [it for _ in range(100) for it in tr._global_items()]
+    got = sum((id(e), f) in start for e, f, _ in drawn) / len(drawn)
+    expect = 50 * share / (50 * share + 1 - share)
+    assert abs(got - expect) < 0.05, (got, expect)
+    v = tr.validate()
+    assert {"fm", "ce", "fm_start", "fm_grasp"} <= set(v) and all(math.isfinite(x) for x in v.values())
+    ck = Path(tr.train()["latest"])
+    assert json.loads((ck / "train_state.json").read_text())["options"]["focus"] == {"start": 50.0}
+    ft = _trainer(bags, tmp_path / "ft", steps=1, init=str(ck), val_every=100)
+    ft.setup()
+    ft.train()
+    curves = json.loads((tmp_path / "ft" / "curves.json").read_text())
+    assert [r["step"] for r in curves["val"]] == [0, 1] and "fm_start" in curves["val"][0]
+
+
+def test_a_bad_focus_is_refused_before_any_data(tmp_path, capsys):
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--focus", "start=0"])
+    assert e.value.code == 2 and "--focus: the weight of 'start' must be a finite number > 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                          "pi05_libero): the policy must plan from the images, so the arm's pose cannot carry the motion "
                          "(the copycat shortcut, oxygen sim-diagnose --copycat); saved in the checkpoint, so the node "
                          "sends the prompt without state for it")
+    ap.add_argument("--focus", default="", metavar="GROUP=W[,GROUP=W]",
+                    help="draw the frames vision decides more often: start (an episode's first 0.3 s) and grasp (the "
+                         "chunk moves a gripper / absolute column by > 10 %% of its range), e.g. start=4,grasp=4 "
+                         "(train/focus.py); validation reports their flow loss apart either way")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -99,6 +103,7 @@ def _eval_hook(tasks: str, seeds: str):
 def main(argv=None) -> int:
     from oxygen_ros.ros.parameters import ConfigureError  # noqa: PLC0415
     from oxygen_ros.train.data import DataError  # noqa: PLC0415
+    from oxygen_ros.train.focus import parse_focus  # noqa: PLC0415
     from oxygen_ros.train.trainer import Trainer, TrainOptions  # noqa: PLC0415
 
     ap = _parser()
@@ -107,6 +112,10 @@ def main(argv=None) -> int:
         ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
     if a.no_state_input and a.state_noise:
         ap.error("--state-noise perturbs the state in the prompt; with --no-state-input there is none")
+    try:
+        focus = parse_focus(a.focus)
+    except ValueError as exc:
+        ap.error(str(exc))
     topics = {"actions": a.actions_topic, "joint_states": a.joint_states_topic, "instruction": a.instruction_topic,
               "episode": a.episode_topic, "text_targets": a.text_targets_topic}
     o = TrainOptions(bags=a.bags, out=a.out, params=a.params, preset=a.preset, steps=a.steps,
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
                      asset_id=a.asset_id, threads=a.threads, device=a.device, init=a.init, init_vision=a.init_vision,
                      resume=a.resume,
                      eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
-                     state_noise=a.state_noise, state_input=not a.no_state_input,
+                     state_noise=a.state_noise, state_input=not a.no_state_input, focus=focus,
                      topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

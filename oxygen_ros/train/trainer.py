@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .focus import GROUPS
 from .precision import resolve_bf16
 
 __all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "ddp_backend"]
@@ -76,6 +77,7 @@ class TrainOptions:
     locate_in_instruction: bool = False    # experiment: the named cube's cell appended to each frame's instruction
     state_noise: float = 0.0               # experiment: noise (rad) on the arms' state in the prompt (batches.py)
     state_input: bool = True               # False: no state in the action prompt (openpi's discrete_state_input)
+    focus: dict = field(default_factory=dict)    # {"start": w, "grasp": w}: those frames drawn w x as often (focus.py)
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -151,6 +153,7 @@ class Trainer:
         from .batches import BatchMaker  # noqa: PLC0415
         from .data import (TopicMap, describe, load_episodes, locate_in_instructions, norm_stats,  # noqa: PLC0415
                            split_episodes)
+        from .focus import column_ranges, describe_groups, frame_groups, sampling_probabilities  # noqa: PLC0415
         from .tokenizer import domain_lines, train_tokenizer  # noqa: PLC0415
 
         o = self.o
@@ -243,6 +246,16 @@ class Trainer:
         self.samples = [(e, f) for e in self.train_eps for f in range(e.num_frames)]
         if not self.samples:
             raise ValueError("the training split holds no frames")
+        # the frames vision decides (focus.py): drawn more often with --focus, reported apart in validation
+        A = len(tm.action_names)
+        absolute = ~self.delta_mask[:A]
+        ranges = column_ranges(self.train_eps, absolute)
+        groups = lambda eps: (np.concatenate([frame_groups(e, cfg.action_horizon, absolute, ranges)  # noqa: E731
+                                              for e in eps]) if eps else np.zeros(0, object))
+        train_groups = groups(self.train_eps)
+        self.draw_p = sampling_probabilities(train_groups, o.focus)
+        self._say(f"frames: {describe_groups(train_groups, self.draw_p)}")
+        self._val_groups = groups(self.val_eps)
         params = [p for p in model.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
@@ -273,19 +286,26 @@ class Trainer:
                   f"{len(self.samples)} training frames, {sum(e.num_frames for e in self.val_eps)} validation frames; "
                   f"world {self.world}, device {dev}{', bf16' if self.bf16 else ', fp32'}")
         self._val_items = self._fixed_val_items()
+        self._val_group_items = {g: self._fixed_val_items(g) for g in GROUPS}
 
     # ------------------------------------------------------------------------------------------------ batches
     def _global_items(self) -> list:
         """The next global batch (same on every rank): rows and text-target choices from the shared generator."""
-        idx = self.rng.integers(0, len(self.samples), size=self.o.batch_size)
+        if self.draw_p is None:
+            idx = self.rng.integers(0, len(self.samples), size=self.o.batch_size)
+        else:
+            idx = self.rng.choice(len(self.samples), size=self.o.batch_size, p=self.draw_p)
         choice = self.rng.integers(0, 1 << 30, size=self.o.batch_size)
         return [(self.samples[i][0], self.samples[i][1], int(c)) for i, c in zip(idx, choice)]
 
-    def _fixed_val_items(self) -> list:
+    def _fixed_val_items(self, group: str | None = None) -> list:
+        """A fixed sample of validation frames (of one focus group when ``group`` is given)."""
         if not self.val_eps:
             return []
         r = np.random.default_rng(self.o.seed + 1)
         val = [(e, f) for e in self.val_eps for f in range(e.num_frames)]
+        if group is not None:
+            val = [v for v, g in zip(val, self._val_groups) if g == group]
         n = min(len(val), self.o.val_batches * self.o.batch_size)
         return [(val[i][0], val[i][1], int(r.integers(1 << 30))) for i in r.permutation(len(val))[:n]]
 
@@ -310,6 +330,8 @@ class Trainer:
             signal.signal(signal.SIGINT, on_sigint)
         t_start, seen = time.perf_counter(), 0
         acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
+        if self._val_items and o.init and self.step == 0 and not self.curves["val"]:
+            self._validate_and_log()            # a fine-tune's curve starts at its init's losses
         try:
             while self.step < min(o.steps, until or o.steps) and not stop["flag"]:
                 items = self._global_items()
@@ -349,9 +371,7 @@ class Trainer:
                               f"{rec['ce']:.4f})  lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
                     acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
                 if self._val_items and (self.step % o.val_every == 0 or self.step == o.steps):
-                    self.curves["val"].append({"step": self.step, **self.validate()})
-                    v = self.curves["val"][-1]
-                    self._say(f"  validation: flow {v['fm']:.4f}  text {v['ce']:.4f}")
+                    self._validate_and_log()
                 if self.step % o.ckpt_every == 0 or self.step == o.steps:
                     ck = self.save()
                     if self.eval_hook and o.eval_every and self.step % o.eval_every == 0 and self.rank == 0:
@@ -366,18 +386,36 @@ class Trainer:
         return {"step": self.step, "latest": str(self._latest()) if self._latest() else None,
                 "curves": self.curves}
 
+    def _validate_and_log(self) -> None:
+        v = {"step": self.step, **self.validate()}
+        self.curves["val"].append(v)
+        parts = ", ".join(f"{g} {v['fm_' + g]:.4f}" for g in GROUPS if "fm_" + g in v)
+        self._say(f"  validation at step {self.step}: flow {v['fm']:.4f}{f' ({parts})' if parts else ''}  "
+                  f"text {v['ce']:.4f}")
+
     @torch.no_grad()
     def validate(self) -> dict:
+        """Flow and text losses on the fixed validation frames, plus the flow loss on its start and grasp frames
+        (``fm_start`` / ``fm_grasp``, focus.py; absent when the split has none)."""
+        self.model.eval()
+        out = self._val_losses(self._val_items)
+        for name, items in self._val_group_items.items():
+            if items:
+                out[f"fm_{name}"] = self._val_losses(items)["fm"]
+        self.model.train()
+        return out
+
+    @torch.no_grad()
+    def _val_losses(self, val_items: list) -> dict:
         from .losses import pi05_loss, sample_time  # noqa: PLC0415
 
-        self.model.eval()
         g = torch.Generator().manual_seed(self.o.seed + 2)
         H, A = self.cfg.action_horizon, self.cfg.action_dim
         tot = {"fm": 0.0, "ce": 0.0}
         n = 0
         step = self.model.forward_train
-        for i in range(0, len(self._val_items), self.o.batch_size):
-            items = self._val_items[i:i + self.o.batch_size]
+        for i in range(0, len(val_items), self.o.batch_size):
+            items = val_items[i:i + self.o.batch_size]
             b = self.maker.make(items).to(self.device)
             noise = torch.randn(len(items), H, A, generator=g).to(self.device)
             tt = sample_time(len(items), g).to(self.device)
@@ -385,7 +423,6 @@ class Trainer:
             tot["fm"] += float(fm) * len(items)
             tot["ce"] += float(ce) * len(items)
             n += len(items)
-        self.model.train()
         return {k: v / max(1, n) for k, v in tot.items()}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
@@ -486,6 +523,10 @@ def _plot_curves(curves: dict, path: Path) -> None:
     if va:
         s = [r["step"] for r in va]
         axes[0].plot(s, [r["fm"] for r in va], "o-", label="validation")
+        for g, style in zip(GROUPS, ("^--", "v--")):
+            pts = [(r["step"], r["fm_" + g]) for r in va if "fm_" + g in r]
+            if pts:
+                axes[0].plot(*zip(*pts), style, label=f"validation, {g} frames")
         axes[1].plot(s, [r["ce"] for r in va], "o-", label="validation")
     ev = curves.get("eval", [])
     if ev:
