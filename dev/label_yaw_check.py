@@ -1,0 +1,82 @@
+"""Are the expert's first-chunk labels a function of what the policy sees?  The wrist part, against the cube's yaw.
+
+Reads the episode bags of ``oxygen sim-record`` (the expert's labelled episodes), takes each reach / pick episode's
+first frame and compares, for the named arm's forearm roll and wrist rotate, the end of the expert's label chunk with
+the named cube's yaw offset mod 90 degrees (relative to the arm's natural closing direction, as ``sim/expert.py``'s
+``_grasp_yaw`` chooses the face to grasp) and with the plan of a checkpoint on the same frame (zero noise).  Prints
+per task: std, Pearson r and slope of each against the offset, and the labels of the episodes whose cube sits within
+5 degrees of the +-45 degree flip (where nearly the same image gets opposite labels).
+
+    AMENT_PREFIX_PATH=$PWD/.venv .venv/bin/python dev/label_yaw_check.py data/r0_clean --checkpoint checkpoints/demo
+
+Measured 2026-12-07 on round 0's clean bag (checkpoints/demo/README.md, *Stage 5*): label wrist_rotate r -0.99 / -1.00
+(reach / pick), std 0.42 rad; the shipped policy's plan r -0.09 / +0.08, std 0.03-0.04 rad.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bags", nargs="+")
+    ap.add_argument("--checkpoint", default="checkpoints/demo")
+    ap.add_argument("--tasks", default="reach,pick")
+    a = ap.parse_args(argv)
+    from oxygen_ros.model import Processor, load_checkpoint
+    from oxygen_ros.model.processing import Observation
+    from oxygen_ros.sim.scene import AlohaScene
+    from oxygen_ros.sim.tasks import draw_task
+    from oxygen_ros.tools.train import robot_layout
+    from oxygen_ros.train.data import TopicMap, load_episodes, to_policy_actions
+
+    torch.set_num_threads(2)
+    lay = robot_layout(None)
+    dm = np.array(lay.delta_action_mask, bool)
+    sim = AlohaScene(camera_size=(16, 16))
+    base = {arm: sim.arm_base[arm][:2].copy() for arm in ("left", "right")}
+    sim.close()
+    pol = load_checkpoint(a.checkpoint)
+    model = pol.model.eval()
+    proc = Processor(pol.cfg, pol.tokenizer, pol.norm_stats, action_dims=len(lay.action_names))
+    episodes = load_episodes(a.bags, TopicMap.from_layout(lay), image_size=pol.cfg.image_size)
+    for task in a.tasks.split(","):
+        rows = []
+        for e in (e for e in episodes if e.meta.get("task") == task):
+            spec = draw_task(task, int(e.meta["seed"]))
+            cube = spec.scene.cubes[spec.target_index]
+            phi = np.arctan2(cube.y - base[spec.arm][1], cube.x - base[spec.arm][0])
+            rel = float(np.angle(np.exp(1j * (cube.yaw - phi - np.pi / 2))))
+            rel = (rel + np.pi / 4) % (np.pi / 2) - np.pi / 4                 # the grasp face's offset, [-45, 45) deg
+            off = 0 if spec.arm == "left" else 7
+            label = to_policy_actions(e.action_chunk(0, pol.cfg.action_horizon)[0], e.state[0], dm)[-1]
+            mi = proc.prepare(Observation(images=list(e.images[0]), state=e.state[0], prompt=e.instruction[0]))
+            with torch.no_grad():
+                pre = model.prefill(mi.images, mi.image_masks, mi.tokens, mi.token_masks)
+                z = torch.zeros(1, pol.cfg.action_horizon, pol.cfg.action_dim)
+                plan = model.sample_actions(pre, z)[0, -1, :len(dm)].numpy()
+            plan = pol.norm_stats.unnormalize_actions(plan[None])[0]
+            rows.append((rel, label[off + 3], label[off + 5], plan[off + 3], plan[off + 5]))
+        if len(rows) < 3:
+            print(f"{task}: {len(rows)} episodes - too few")
+            continue
+        R = np.array(rows)
+        rel = R[:, 0]
+        print(f"{task}: {len(R)} episodes; first chunk's end (rad) vs the cube's yaw offset mod 90 deg "
+              f"(std {np.degrees(rel.std()):.0f} deg)")
+        for name, col in (("label forearm_roll", 1), ("label wrist_rotate", 2), ("plan forearm_roll", 3),
+                          ("plan wrist_rotate", 4)):
+            y = R[:, col]
+            r = np.corrcoef(rel, y)[0, 1] if y.std() > 0 else float("nan")
+            print(f"  {name:>20}: std {y.std():.3f}, r {r:+.2f}, slope {np.polyfit(rel, y, 1)[0]:+.2f}")
+        near = np.abs(np.abs(rel) - np.pi / 4) < np.radians(5)
+        print(f"  within 5 deg of the +-45 deg flip: {int(near.sum())} episodes; label wrist_rotate "
+              f"{np.round(R[near, 2], 2).tolist()} at offsets {np.round(np.degrees(rel[near])).tolist()} deg")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
