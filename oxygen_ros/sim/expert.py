@@ -19,7 +19,9 @@ off the expert's own path (a policy's, a perturbed one) gets the chunk a good op
 An approach moves the grip site toward a *shaped* target: the goal raised by up to ``APPROACH_Z`` in proportion to
 the remaining horizontal distance (a steep funnel), so the arm comes down onto the cube along a smooth curve
 without stopping at intermediate points; speed is capped at ``SPEED`` and falls near the goal (distance / ``SETTLE_S``),
-rotation at ``TURN``.  "At" a point means within ``AT`` (wider once the fingers have started to close, so a cube
+rotation at ``TURN``.  The fingers close across the arm's natural direction while the grip site is far from the
+cube and turn to the cube's faces only within ``ALIGN_FROM`` -> ``ALIGN_AT`` of it (the face follows the cube's yaw mod
+90 degrees, which the wrist cameras show from close up and the top camera barely does).  "At" a point means within ``AT`` (wider once the fingers have started to close, so a cube
 nudged by the closing fingers does not reopen them).  ``chunk(H)`` decides the goals once from the measured world (a phase
 changes only when the robot is seen to be there: never on a prediction) and moves toward them kinematically for H
 rows (an approach re-shaped from each row's position, a held cube moving with its gripper), starting ``LEAD``
@@ -54,6 +56,11 @@ FUNNEL = 4.0                       # ... which is FUNNEL x the horizontal distan
 HELD_DIST = 0.03                   # m: a cube this close to the grip site is between the finger pads
 FAR_FROM, FAR_FULL = 0.45, 0.62    # m from the arm's base: beyond FAR_FROM the gripper tilts outward, FAR_TILT at
 FAR_TILT = np.deg2rad(40.0)        # FAR_FULL (reach's far arm: the cube across the table)
+ALIGN_FROM, ALIGN_AT = 0.08, 0.03  # m, grip site to cube (horizontal): farther than ALIGN_FROM the fingers close across
+                                   # the arm's natural direction; within ALIGN_AT across the cube's faces; turned in
+                                   # between.  The face depends on the cube's yaw mod 90 deg, which the top camera
+                                   # barely shows (a 6 px cube) and the wrist cameras show from close up: turning early
+                                   # made the first chunks a function of what the policy could not see (the card).
 GRASP_Z = 0.0                      # grip site height above the cube's centre when closing (pick, transfer): the
                                    # lowest the finger tips allow (they touch the table with the site at ~1.9 cm)
 REACH_Z = 0.015                    # reach: grip site this far above the cube's centre, fingers around its top
@@ -181,10 +188,15 @@ class Expert:
 
     # ---- decisions -------------------------------------------------------------------------------------------------
     def _down(self, w: World, arm: str) -> np.ndarray:
-        """Pointing down at the cube, fingers across two faces; a cube far from the arm's base is approached with the
-        gripper tilted outward about its closing axis (up to ``FAR_TILT``), or the wrist could not reach it."""
+        """Pointing down at the cube, fingers across two faces once near it (``ALIGN_AT``; across the arm's natural
+        direction while far, ``ALIGN_FROM``); a cube far from the arm's base is approached with the gripper tilted
+        outward about its closing axis (up to ``FAR_TILT``), or the wrist could not reach it."""
         base = self.sim.arm_base[arm][:2]
-        R = down_rotation(_grasp_yaw(w.cube_yaw, base, w.cube[:2]))
+        natural = float(np.arctan2(w.cube[1] - base[1], w.cube[0] - base[0])) + np.pi / 2
+        face = _grasp_yaw(w.cube_yaw, base, w.cube[:2])
+        near = float(np.linalg.norm(w.arms[arm].pos[:2] - w.cube[:2]))
+        k = float(np.clip((ALIGN_FROM - near) / (ALIGN_FROM - ALIGN_AT), 0.0, 1.0))
+        R = down_rotation(natural + k * float(np.angle(np.exp(1j * (face - natural)))))
         out = w.cube[:2] - base
         d = float(np.linalg.norm(out))
         tilt = FAR_TILT * float(np.clip((d - FAR_FROM) / (FAR_FULL - FAR_FROM), 0.0, 1.0))
