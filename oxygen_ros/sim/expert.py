@@ -139,11 +139,15 @@ def _angle(Ra: np.ndarray, Rb: np.ndarray) -> float:
     return float(np.linalg.norm(_rotvec(Rb @ Ra.T)))
 
 
+def _natural_yaw(base_xy: np.ndarray, cube_xy: np.ndarray) -> float:
+    """The arm's natural closing direction (yaw): perpendicular to the line from its base to the cube."""
+    return float(np.arctan2(cube_xy[1] - base_xy[1], cube_xy[0] - base_xy[0])) + np.pi / 2
+
+
 def _grasp_yaw(cube_yaw: float, base_xy: np.ndarray, cube_xy: np.ndarray) -> float:
     """The closing direction (yaw, mod pi) among the cube's face normals nearest the arm's natural one (perpendicular
     to the line from the arm's base to the cube)."""
-    phi = float(np.arctan2(cube_xy[1] - base_xy[1], cube_xy[0] - base_xy[0]))
-    natural = phi + np.pi / 2
+    natural = _natural_yaw(base_xy, cube_xy)
     cands = [cube_yaw + k * np.pi / 2 for k in range(-4, 5)]
     return min(cands, key=lambda y: abs(np.angle(np.exp(1j * (y - natural)))))
 
@@ -192,7 +196,7 @@ class Expert:
         direction while far, ``ALIGN_FROM``); a cube far from the arm's base is approached with the gripper tilted
         outward about its closing axis (up to ``FAR_TILT``), or the wrist could not reach it."""
         base = self.sim.arm_base[arm][:2]
-        natural = float(np.arctan2(w.cube[1] - base[1], w.cube[0] - base[0])) + np.pi / 2
+        natural = _natural_yaw(base, w.cube[:2])
         face = _grasp_yaw(w.cube_yaw, base, w.cube[:2])
         near = float(np.linalg.norm(w.arms[arm].pos[:2] - w.cube[:2]))
         k = float(np.clip((ALIGN_FROM - near) / (ALIGN_FROM - ALIGN_AT), 0.0, 1.0))

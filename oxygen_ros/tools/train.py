@@ -72,8 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                          "(the copycat shortcut, oxygen sim-diagnose --copycat); saved in the checkpoint, so the node "
                          "sends the prompt without state for it")
     ap.add_argument("--focus", default="", metavar="GROUP=W[,GROUP=W]",
-                    help="draw the frames vision decides more often: start (an episode's first 0.3 s) and grasp (the "
-                         "chunk moves a gripper / absolute column by > 10 %% of its range), e.g. start=4,grasp=4 "
+                    help="draw the frames vision decides more often: start (an episode's first 0.3 s) and grasp (0.3 s "
+                         "before to 0.1 s after a gripper / absolute column's command changes by > 10 %% of its "
+                         "range), e.g. start=4,grasp=4 "
                          "(train/focus.py); validation reports their flow loss apart either way")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),

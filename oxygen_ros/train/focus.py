@@ -12,7 +12,7 @@ so the displacement from it points at the target), and only two kinds of frame n
   chunk's first row; the state-driven expert's labels hold the gripper constant within a chunk and switch it between
   frames, so the change shows between consecutive frames, not inside one chunk.)
 
-Drawn uniformly they are a small share of the frames (``describe`` says how small).  ``frame_groups`` names each
+Drawn uniformly they are a small share of the frames (``describe_groups`` says how small).  ``frame_groups`` names each
 frame's group, ``sampling_probabilities`` turns per-group weights (``{"start": 4, "grasp": 4}``: drawn 4x as often as an
 ordinary frame) into draw probabilities.  The trainer also reports the validation flow loss per group, so a run shows
 whether the frames that matter are the ones it fits.
