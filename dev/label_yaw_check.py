@@ -2,13 +2,13 @@
 
 Reads the episode bags of ``oxygen sim-record`` (the expert's labelled episodes), takes each reach / pick episode's
 first frame and compares, for the named arm's forearm roll and wrist rotate, the end of the expert's label chunk with
-the named cube's yaw offset mod 90 degrees (relative to the arm's natural closing direction, as ``sim/expert.py``'s
-``_grasp_yaw`` chooses the face to grasp) and with the plan of a checkpoint on the same frame (zero noise).  Prints
-per task: std, Pearson r and slope of each against the offset, and the labels of the episodes whose cube sits within
-5 degrees of the +-45 degree flip (where nearly the same image gets opposite labels); then, per joint of the named arm
-and per arm, how well the plan follows the label (std of each in rad, Pearson r of plan with label) - which parts of
-the first chunk the policy reads from the images - and which arm moves more in the first chunk, label vs plan (pick's
-arm is the cube's side, which only the images show).
+the named cube's yaw offset mod 90 degrees (relative to the arm's natural closing direction, ``sim/expert.py``'s
+``_natural_yaw``, from which ``_grasp_yaw`` chooses the face to grasp) and with the plan of a checkpoint on the same
+frame (zero noise).  Prints per task: std, Pearson r and slope of each against the offset, and the labels of the
+episodes whose cube sits within 5 degrees of the +-45 degree flip (where nearly the same image gets opposite labels);
+then, per joint of the named arm and per arm, how well the plan follows the label (std of each in rad, Pearson r of
+plan with label) - which parts of the first chunk the policy reads from the images - and which arm moves more in the
+first chunk, label vs plan (pick's arm is the cube's side, which only the images show).
 
     AMENT_PREFIX_PATH=$PWD/.venv .venv/bin/python dev/label_yaw_check.py data/r0_clean --checkpoint checkpoints/demo
 
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from oxygen_ros.model import Processor, load_checkpoint
     from oxygen_ros.model.processing import Observation
+    from oxygen_ros.sim.expert import _natural_yaw      # the arm's natural closing direction, as the expert's
     from oxygen_ros.sim.scene import AlohaScene
     from oxygen_ros.sim.tasks import draw_task
     from oxygen_ros.tools.train import robot_layout
@@ -56,8 +57,7 @@ def main(argv=None) -> int:
         for e in (e for e in episodes if e.meta.get("task") == task):
             spec = draw_task(task, int(e.meta["seed"]))
             cube = spec.scene.cubes[spec.target_index]
-            phi = np.arctan2(cube.y - base[spec.arm][1], cube.x - base[spec.arm][0])
-            rel = float(np.angle(np.exp(1j * (cube.yaw - phi - np.pi / 2))))
+            rel = float(np.angle(np.exp(1j * (cube.yaw - _natural_yaw(base[spec.arm], np.array([cube.x, cube.y]))))))
             rel = (rel + np.pi / 4) % (np.pi / 2) - np.pi / 4                 # the grasp face's offset, [-45, 45) deg
             off = 0 if spec.arm == "left" else 7
             label = to_policy_actions(e.action_chunk(0, pol.cfg.action_horizon)[0], e.state[0], dm)[-1]

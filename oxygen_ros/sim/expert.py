@@ -21,8 +21,9 @@ the remaining horizontal distance (a steep funnel), so the arm comes down onto t
 without stopping at intermediate points; speed is capped at ``SPEED`` and falls near the goal (distance / ``SETTLE_S``),
 rotation at ``TURN``.  The fingers close across the arm's natural direction while the grip site is far from the
 cube and turn to the cube's faces only within ``ALIGN_FROM`` -> ``ALIGN_AT`` of it (the face follows the cube's yaw mod
-90 degrees, which the wrist cameras show from close up and the top camera barely does).  "At" a point means within ``AT`` (wider once the fingers have started to close, so a cube
-nudged by the closing fingers does not reopen them).  ``chunk(H)`` decides the goals once from the measured world (a phase
+90 degrees, which the wrist cameras show from close up and the top camera barely does).  "At" a point means within
+``AT`` (wider once the fingers have started to close, so a cube nudged by the closing fingers does not reopen them).
+``chunk(H)`` decides the goals once from the measured world (a phase
 changes only when the robot is seen to be there: never on a prediction) and moves toward them kinematically for H
 rows (an approach re-shaped from each row's position, a held cube moving with its gripper), starting ``LEAD``
 control steps ahead of the measured pose (the position servos trail their commands by a few steps), each row's
