@@ -545,7 +545,8 @@ class Pi05Model(nn.Module):
         return self.forward_train(images, image_masks, tokens, token_masks, x_t, t)[0]
 
     def forward_train(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor, x_t: Tensor,
-                      t: Tensor, text_tokens: Tensor | None = None, text_masks: Tensor | None = None):
+                      t: Tensor, text_tokens: Tensor | None = None, text_masks: Tensor | None = None,
+                      return_hidden: bool = False):
         """The training pass, with exactly the attention the engine uses at inference, in one forward over
         [image tokens | action prompt (tokens, L) | text (text_tokens, Lt) | action tokens (x_t, H)]:
         image and action-prompt tokens as in ``prefill`` (``prefix_attention_mask``); the action tokens see the valid
@@ -553,7 +554,9 @@ class Pi05Model(nn.Module):
         its answer - sees the valid image tokens and its own earlier tokens, never the action prompt, at positions
         continuing after the image tokens (``prefill_images`` + ``extend_prefix`` + ``decode``, how the engine shares
         one image prefix between tasks).  Nothing attends to the text.  Returns (velocity [B, H, A] fp32, text
-        logits [B, Lt, V] fp32 or None): logits at text position j predict text token j + 1."""
+        logits [B, Lt, V] fp32 or None): logits at text position j predict text token j + 1; ``return_hidden``
+        appends the action expert's final hidden state [B, H, We] (after its final norm: what ``action_out_proj``
+        reads; training's auxiliary target, ``train/target_aux.py``)."""
         image_masks, token_masks = image_masks.bool(), token_masks.bool()
         B, H, _ = x_t.shape
         dev = x_t.device
@@ -592,7 +595,8 @@ class Pi05Model(nn.Module):
         h_vlm, h, _, _ = self._layers(torch.cat(parts, dim=1), x_suf, mods, self.rope(positions), mask)
         h, _ = self.expert.norm(h, mods[-1])
         velocity = self.action_out_proj(cast(h, self.action_out_proj.weight.dtype)).float()
-        return velocity, (self._logits(h_vlm[:, Pp:S]) if Lt else None)
+        logits = self._logits(h_vlm[:, Pp:S]) if Lt else None
+        return (velocity, logits, h) if return_hidden else (velocity, logits)
 
 
 def build_model(cfg: Pi05Config, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None,

@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                          "before to 0.1 s after a gripper / absolute column's command changes by > 10 %% of its "
                          "range), e.g. start=4,grasp=4 "
                          "(train/focus.py); validation reports their flow loss apart either way")
+    ap.add_argument("--target-weight", type=float, default=0.0,
+                    help="auxiliary target: a linear head on the action expert's hidden state regresses the named "
+                         "cube's table place (train/target_aux.py; training only, not in the checkpoint), weighted "
+                         "by this against the flow loss; 0 = off")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -111,6 +115,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
         ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
+    if not 0 <= a.target_weight < float("inf"):
+        ap.error(f"--target-weight must be a finite number >= 0, got {a.target_weight}")
     if a.no_state_input and a.state_noise:
         ap.error("--state-noise perturbs the state in the prompt; with --no-state-input there is none")
     try:
@@ -129,6 +135,7 @@ def main(argv=None) -> int:
                      resume=a.resume,
                      eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
                      state_noise=a.state_noise, state_input=not a.no_state_input, focus=focus,
+                     target_weight=a.target_weight,
                      topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

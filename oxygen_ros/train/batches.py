@@ -32,15 +32,18 @@ class Batch:
     text: torch.Tensor            # [B, Lt] long  language prompt + answer + EOS
     text_masks: torch.Tensor      # [B, Lt] bool
     text_targets: torch.Tensor    # [B, Lt] bool: logits at j are trained to predict text[j + 1]
+    target: torch.Tensor | None = None         # [B, 2] float32: the named cube's place (target_aux.py), or None
+    target_valid: torch.Tensor | None = None   # [B] bool
 
     def slice(self, a: int, b: int) -> "Batch":
-        return Batch(*[getattr(self, f)[a:b] for f in self.__dataclass_fields__])
+        return Batch(*[None if getattr(self, f) is None else getattr(self, f)[a:b] for f in self.__dataclass_fields__])
 
     def to(self, device: torch.device) -> "Batch":
         """On ``device``: for CUDA pinned on the host first and copied without blocking; the CPU: itself."""
         if device.type == "cpu":
             return self
-        return Batch(*[getattr(self, f).pin_memory().to(device, non_blocking=True) for f in self.__dataclass_fields__])
+        return Batch(*[None if getattr(self, f) is None else getattr(self, f).pin_memory().to(device, non_blocking=True)
+                       for f in self.__dataclass_fields__])
 
 
 class BatchMaker:
@@ -90,6 +93,7 @@ class BatchMaker:
         text = torch.full((B, Lt), self.proc.tokenizer.pad_id, dtype=torch.long)
         xmask = torch.zeros(B, Lt, dtype=torch.bool)
         xtgt = torch.zeros(B, Lt, dtype=torch.bool)
+        target, target_valid = torch.zeros(B, 2), torch.zeros(B, dtype=torch.bool)
         for b, (ep, f, ti) in enumerate(items):
             for c in range(C):
                 if ep.image_mask[f, c]:
@@ -110,6 +114,9 @@ class BatchMaker:
             a = self.proc.norm_stats.normalize_actions(to_policy_actions(a, ep.state[f], self.delta_mask))
             actions[b, :, :a.shape[1]] = torch.from_numpy(np.asarray(a, np.float32))
             valid[b] = torch.from_numpy(v)
+            if ep.target is not None:
+                target[b] = torch.from_numpy(ep.target[f, :2])
+                target_valid[b] = bool(ep.target[f, 2])
             if ep.texts[f]:
                 kind, prompt, answer = ep.texts[f][ti % len(ep.texts[f])]
                 ids, n_prompt = self.text_ids(kind, prompt, answer)
@@ -121,7 +128,7 @@ class BatchMaker:
                 xtgt[b, n_prompt - 1:len(ids) - 1] = True
         if augment:
             images[:, 0] = _augment(images[:, 0], image_masks[:, 0], gen)
-        return Batch(images, image_masks, tokens, tmask, actions, valid, text, xmask, xtgt)
+        return Batch(images, image_masks, tokens, tmask, actions, valid, text, xmask, xtgt, target, target_valid)
 
 
 def _augment(x: torch.Tensor, mask: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:

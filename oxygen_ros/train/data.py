@@ -92,6 +92,7 @@ class Episode:
     meta: dict = field(default_factory=dict)     # task, seed, success from the episode status
     labels: np.ndarray | None = None             # [F, L, A] float32: each frame's action label (None: no labels)
     label_rows: np.ndarray | None = None         # [F] int: valid rows of each frame's label (0 = unlabelled frame)
+    target: np.ndarray | None = None             # [F, 3] float32: the named cube's place + valid (target_aux.py)
 
     @property
     def num_frames(self) -> int:

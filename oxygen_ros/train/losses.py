@@ -7,6 +7,8 @@ masking of padded chunk rows (rows past an episode's end do not count).  The tex
 answer tokens and EOS given the image tokens and the language prompt (prefix-LM: the prompt is context, only what
 follows it is predicted).  ``pi05_loss(model, batch, noise, time)`` returns the weighted total and its parts; the
 noise and times are drawn by the caller (from a seeded generator, so distributed ranks and resumed runs draw the same).
+With ``target_weight`` > 0 the step function also returns the auxiliary head's prediction of the named cube's place
+(``target_aux.py``) and its squared error joins the total.
 """
 from __future__ import annotations
 
@@ -49,20 +51,33 @@ def text_loss(logits: torch.Tensor, text: torch.Tensor, targets: torch.Tensor,
 
 
 def loss_counts(batch) -> torch.Tensor:
-    """[valid action rows, predicted text tokens] of a batch (the losses' denominators)."""
-    return torch.tensor([float(batch.action_valid.sum()), float(batch.text_targets[:, :-1].sum())])
+    """[valid action rows, predicted text tokens, valid auxiliary targets] of a batch (the losses' denominators)."""
+    n_target = 0.0 if batch.target_valid is None else float(batch.target_valid.sum())
+    return torch.tensor([float(batch.action_valid.sum()), float(batch.text_targets[:, :-1].sum()), n_target])
 
 
 def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weight: float = 1.0,
-              denoms: torch.Tensor | None = None):
-    """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it).  ``denoms``: (rows, text tokens) to divide by
-    (default ``loss_counts(batch)``).  Returns (total, flow matching, text) - the parts detached, for logging."""
+              denoms: torch.Tensor | None = None, target_weight: float = 0.0):
+    """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it; with ``target_weight`` > 0 one that returns the
+    auxiliary head's prediction third, the trainer's ``_Step``).  ``denoms``: (rows, text tokens, targets) to divide
+    by (default ``loss_counts(batch)``).  Returns (total, flow matching, text, target) - the parts detached, for
+    logging (target 0 when unused)."""
     d = loss_counts(batch).clamp(min=1.0) if denoms is None else denoms
     t = time[:, None, None]
     x_t = t * noise + (1 - t) * batch.actions
     with_text = text_weight > 0
-    v, logits = step_fn(batch.images, batch.image_masks, batch.tokens, batch.token_masks, x_t, time,
-                        batch.text if with_text else None, batch.text_masks if with_text else None)
+    out = step_fn(batch.images, batch.image_masks, batch.tokens, batch.token_masks, x_t, time,
+                  batch.text if with_text else None, batch.text_masks if with_text else None)
+    v, logits = out[0], out[1]
     fm = flow_matching_loss(v, batch.actions, noise, batch.action_valid, d[0])
     ce = text_loss(logits, batch.text, batch.text_targets, d[1]) if with_text else torch.zeros(())
-    return fm + text_weight * ce, fm.detach(), ce.detach()
+    total = fm + text_weight * ce
+    tl = torch.zeros(())
+    if target_weight > 0:
+        from .target_aux import target_loss  # noqa: PLC0415
+        if len(out) < 3 or batch.target is None:
+            raise ValueError("target_weight > 0 needs a step function returning the target head's prediction and "
+                             "a batch with targets")
+        tl = target_loss(out[2], batch.target, batch.target_valid, d[2] if len(d) > 2 else None)
+        total = total + target_weight * tl
+    return total, fm.detach(), ce.detach(), tl.detach()

@@ -78,6 +78,7 @@ class TrainOptions:
     state_noise: float = 0.0               # experiment: noise (rad) on the arms' state in the prompt (batches.py)
     state_input: bool = True               # False: no state in the action prompt (openpi's discrete_state_input)
     focus: dict = field(default_factory=dict)    # {"start": w, "grasp": w}: those frames drawn w x as often (focus.py)
+    target_weight: float = 0.0             # > 0: the auxiliary target (target_aux.py: the expert regresses the cube)
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -117,14 +118,19 @@ def lr_at(step: int, o: TrainOptions) -> float:
 
 
 class _Step(torch.nn.Module):
-    """What DDP wraps: the model's training forward."""
+    """What DDP wraps: the model's training forward, plus the auxiliary target head when there is one (so that DDP
+    averages its gradients too): then it returns (velocity, logits, the head's prediction)."""
 
-    def __init__(self, model):
+    def __init__(self, model, target_head=None):
         super().__init__()
         self.model = model
+        self.target_head = target_head
 
     def forward(self, *args):
-        return self.model.forward_train(*args)
+        if self.target_head is None:
+            return self.model.forward_train(*args)
+        v, logits, h = self.model.forward_train(*args, return_hidden=True)
+        return v, logits, self.target_head(h)
 
 
 class Trainer:
@@ -206,6 +212,14 @@ class Trainer:
             if n == 0:
                 raise ValueError("--locate-in-instruction: no frame has a 'Where is the <named> cube?' text target")
             self._say(f"locate in instruction: {n} frames' instructions name their cube's cell")
+        if o.target_weight > 0:
+            from .target_aux import attach_targets  # noqa: PLC0415
+            n = attach_targets(episodes)
+            if n == 0:
+                raise ValueError("--target-weight: no frame has a named cube with a known place (bags of oxygen "
+                                 "sim-record carry the task draw and the 'Where is the <colour> cube?' targets)")
+            self._say(f"auxiliary target: {n} of {sum(e.num_frames for e in episodes)} frames know the named cube's "
+                      f"place (weight {o.target_weight})")
         if len(tm.action_names) > cfg.action_dim:
             raise ValueError(f"{len(tm.action_names)} action joints exceed the model's action_dim {cfg.action_dim}")
         self.train_eps, self.val_eps = split_episodes(episodes, o.val_fraction, o.seed)
@@ -240,6 +254,11 @@ class Trainer:
         model.paligemma_with_expert.gemma_expert.lm_head.requires_grad_(False)      # unused (openpi key only)
         model.train()
         self.model = model
+        self.target_head = None
+        if o.target_weight > 0:
+            from .target_aux import TargetHead  # noqa: PLC0415
+            torch.manual_seed(o.seed + 3)
+            self.target_head = TargetHead(cfg.expert.width).to(dev).train()
         self.proc = Processor(cfg, tok, ns, action_dims=len(tm.action_names))
         self.maker = BatchMaker(cfg, self.proc, self.delta_mask, 0)
         self.maker.text_len = int(math.ceil(self.maker.longest_text(episodes) / 8) * 8)
@@ -257,12 +276,14 @@ class Trainer:
         self._say(f"frames: {describe_groups(train_groups, self.draw_p)}")
         self._val_groups = groups(self.val_eps)
         params = [p for p in model.parameters() if p.requires_grad]
+        if self.target_head is not None:
+            params += list(self.target_head.parameters())
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
                                       {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=(0.9, 0.95),
                                      eps=1e-8)
-        self.step_fn = _Step(model)
+        self.step_fn = self._plain_step = _Step(model, self.target_head)
         if self.world > 1:
             # not synchronised (DDP broadcasts every parameter and buffer at start): the unused expert lm_head (a
             # zero-stride view, the same on every rank) and SigLIP's constant position-id buffer (expanded)
@@ -329,7 +350,7 @@ class Trainer:
         if self.rank == 0:
             signal.signal(signal.SIGINT, on_sigint)
         t_start, seen = time.perf_counter(), 0
-        acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
+        acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "n": 0}
         if self._val_items and o.init and self.step == 0 and not self.curves["val"]:
             self._validate_and_log()            # a fine-tune's curve starts at its init's losses
         try:
@@ -349,15 +370,15 @@ class Trainer:
                     torch.distributed.all_reduce(counts)
                 denoms = counts.clamp(min=1.0) / self.world
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss, fm, ce = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
-                                             tt[lo:hi].to(self.device), o.text_weight, denoms)
+                    loss, fm, ce, tl = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
+                                                 tt[lo:hi].to(self.device), o.text_weight, denoms, o.target_weight)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
+                gnorm = torch.nn.utils.clip_grad_norm_(params_of(self.model, self.target_head), o.grad_clip)
                 self.opt.step()
                 self.step += 1
                 seen += 1
-                for k, v in (("loss", loss.detach()), ("fm", fm), ("ce", ce)):
+                for k, v in (("loss", loss.detach()), ("fm", fm), ("ce", ce), ("target", tl)):
                     acc[k] += float(v) * self.world      # this rank's share of the global mean
                 acc["n"] += 1
                 if self.step % o.log_every == 0 or self.step == o.steps:
@@ -365,11 +386,13 @@ class Trainer:
                     rate = seen / (time.perf_counter() - t_start)
                     rec = {"step": self.step, "loss": acc["loss"] / n, "fm": acc["fm"] / n, "ce": acc["ce"] / n,
                            "lr": lr, "grad_norm": float(gnorm), "steps_per_s": rate}
+                    if self.target_head is not None:
+                        rec["target"] = acc["target"] / n
                     self.curves["train"].append(rec)
                     eta = (o.steps - self.step) / rate if rate > 0 else 0
                     self._say(f"step {self.step}/{o.steps}  loss {rec['loss']:.4f} (flow {rec['fm']:.4f}, text "
-                              f"{rec['ce']:.4f})  lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
-                    acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "n": 0}
+                              f"{rec['ce']:.4f}{', target %.4f' % rec['target'] if 'target' in rec else ''})  lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
+                    acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "n": 0}
                 if self._val_items and (self.step % o.val_every == 0 or self.step == o.steps):
                     self._validate_and_log()
                 if self.step % o.ckpt_every == 0 or self.step == o.steps:
@@ -391,18 +414,22 @@ class Trainer:
         self.curves["val"].append(v)
         parts = ", ".join(f"{g} {v['fm_' + g]:.4f}" for g in GROUPS if "fm_" + g in v)
         self._say(f"  validation at step {self.step}: flow {v['fm']:.4f}{f' ({parts})' if parts else ''}  "
-                  f"text {v['ce']:.4f}")
+                  f"text {v['ce']:.4f}{'  target %.4f' % v['target'] if 'target' in v else ''}")
 
     @torch.no_grad()
     def validate(self) -> dict:
         """Flow and text losses on the fixed validation frames, plus the flow loss on its start and grasp frames
         (``fm_start`` / ``fm_grasp``, focus.py; absent when the split has none)."""
         self.model.eval()
+        if self.target_head is not None:
+            self.target_head.eval()
         out = self._val_losses(self._val_items)
         for name, items in self._val_group_items.items():
             if items:
                 out[f"fm_{name}"] = self._val_losses(items)["fm"]
         self.model.train()
+        if self.target_head is not None:
+            self.target_head.train()
         return out
 
     @torch.no_grad()
@@ -411,17 +438,20 @@ class Trainer:
 
         g = torch.Generator().manual_seed(self.o.seed + 2)
         H, A = self.cfg.action_horizon, self.cfg.action_dim
-        tot = {"fm": 0.0, "ce": 0.0}
+        aux = self.target_head is not None
+        tot = {"fm": 0.0, "ce": 0.0} | ({"target": 0.0} if aux else {})
         n = 0
-        step = self.model.forward_train
+        step = self._plain_step
         for i in range(0, len(val_items), self.o.batch_size):
             items = val_items[i:i + self.o.batch_size]
             b = self.maker.make(items).to(self.device)
             noise = torch.randn(len(items), H, A, generator=g).to(self.device)
             tt = sample_time(len(items), g).to(self.device)
-            _, fm, ce = pi05_loss(step, b, noise, tt, 1.0)
+            _, fm, ce, tl = pi05_loss(step, b, noise, tt, 1.0, target_weight=1.0 if aux else 0.0)
             tot["fm"] += float(fm) * len(items)
             tot["ce"] += float(ce) * len(items)
+            if aux:
+                tot["target"] += float(tl) * len(items)
             n += len(items)
         return {k: v / max(1, n) for k, v in tot.items()}
 
@@ -449,7 +479,9 @@ class Trainer:
         if self.tok_path is not None:
             shutil.copy2(self.tok_path, tmp / self.tok_path.name)
         opt_t, opt_meta = _flatten_optimizer(self.opt)
-        save_file(opt_t | {"gen_state": self.gen.get_state()}, str(tmp / "train_state.safetensors"))
+        head = {} if self.target_head is None else {
+            f"target_head.{k}": v.detach().cpu().contiguous() for k, v in self.target_head.state_dict().items()}
+        save_file(opt_t | head | {"gen_state": self.gen.get_state()}, str(tmp / "train_state.safetensors"))
         state = {"step": self.step, "rng": _jsonable(self.rng.bit_generator.state), "optimizer": opt_meta,
                  "options": asdict(self.o), "bf16_autocast": self.bf16, "text_len": self.maker.text_len,
                  "val_episodes": [e.source for e in self.val_eps], "curves": self.curves,
@@ -469,6 +501,13 @@ class Trainer:
         st = json.loads((d / "train_state.json").read_text())
         tensors = load_file(str(d / "train_state.safetensors"))
         self.gen.set_state(tensors.pop("gen_state"))
+        head = {k[len("target_head."):]: tensors.pop(k) for k in list(tensors) if k.startswith("target_head.")}
+        if self.target_head is not None:
+            if not head:
+                raise ValueError(f"{d}: this run was not trained with --target-weight; resume it without")
+            self.target_head.load_state_dict(head)
+        elif head:
+            raise ValueError(f"{d}: this run was trained with --target-weight; resume it with the same weight")
         _restore_optimizer(self.opt, tensors, st["optimizer"])
         self.rng.bit_generator.state = st["rng"]
         self.step = int(st["step"])
@@ -481,6 +520,11 @@ class Trainer:
             _plot_curves(self.curves, self.out / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot never stops training
             self._say(f"(curves.png not written: {exc})")
+
+
+def params_of(*modules) -> list:
+    """The parameters of the given modules (None skipped), for gradient clipping."""
+    return [p for m in modules if m is not None for p in m.parameters()]
 
 
 def _jsonable(x):
