@@ -38,6 +38,11 @@ def test_labels_are_the_named_cubes_resting_place_while_its_cell_holds(bags):  #
     assert attach_targets([moved, foreign]) == 3
     assert moved.target[:3, 2].all() and not moved.target[3:, 2].any()
     assert not foreign.target[:, 2].any()
+    # --target-within: only the episode's first seconds
+    first = copy.deepcopy(eps[0])
+    n_early = int(((first.frame_ns - first.frame_ns[0]) / 1e9 < 0.25).sum())
+    assert 0 < n_early < first.num_frames
+    assert attach_targets([first], within_s=0.25) == n_early and first.target[:n_early, 2].all()
 
 
 def test_its_loss_reaches_the_action_expert_and_the_image_tokens_and_only_valid_rows_count(bags, tmp_path):  # noqa: F811
@@ -103,6 +108,11 @@ def test_bags_without_a_task_draw_and_bad_weights_are_refused(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["x", "--out", str(tmp_path / "o"), f"--target-weight={bad}"])
         assert "--target-weight must be a finite number >= 0" in capsys.readouterr().err
+    for args in (["--target-within", "0.3"], ["--target-weight", "0.1", "--target-within", "0"],
+                 ["--target-weight", "0.1", "--target-within", "nan"]):
+        with pytest.raises(SystemExit):
+            main(["x", "--out", str(tmp_path / "o"), *args])
+        assert "--target-within needs --target-weight > 0" in capsys.readouterr().err
     old = _trainer(EPISODES_OLD, tmp_path / "old", steps=1, target_weight=0.1)
     with pytest.raises(ValueError, match="no frame has a named cube with a known place"):
         old.setup()

@@ -15,7 +15,9 @@ This file owns the labels and the head:
   resting place from the episode's own task draw (``sim.tasks.draw_task(task, seed)``; bags of ``oxygen sim-record``
   carry both in their episode status), valid while the frame's "Where is the <colour> cube?" text target still
   gives the cell it gave at the first frame (once a gripper moves the cube its resting place is no longer where it
-  is).  Episodes without a task draw or that text target get no valid frames.
+  is).  Episodes without a task draw or that text target get no valid frames.  ``within_s``: only the frames of the
+  episode's first ``within_s`` seconds (where the arm's pose cannot say where it is going, so the head must read the
+  images; ``oxygen train --target-within``).
 * ``TargetHead`` maps the hidden state [B, H, We] to the normalised (x, y) [B, 2].
 * ``target_loss`` is the mean squared error over valid rows (0 still connected to the graph when none is valid).
 """
@@ -37,7 +39,7 @@ def normalise(xy) -> np.ndarray:
     return (np.asarray(xy, np.float64) - CENTRE) / SCALE
 
 
-def attach_targets(episodes: list) -> int:
+def attach_targets(episodes: list, within_s: float | None = None) -> int:
     """Set ``ep.target`` ([F, 3] float32: x, y normalised, valid 0/1) on every episode; returns the valid frames."""
     from oxygen_ros.sim.tasks import TASKS, draw_task, locate_question, named_colour  # noqa: PLC0415
 
@@ -62,7 +64,8 @@ def attach_targets(episodes: list) -> int:
             first = cell if first is None else first
             if cell != first:
                 break                                   # the cube has left its resting cell: the label no longer holds
-            out[f, 2] = 1.0
+            if within_s is None or (ep.frame_ns[f] - ep.frame_ns[0]) / 1e9 < within_s:
+                out[f, 2] = 1.0
         total += int(out[:, 2].sum())
     return total
 

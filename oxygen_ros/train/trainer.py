@@ -79,6 +79,7 @@ class TrainOptions:
     state_input: bool = True               # False: no state in the action prompt (openpi's discrete_state_input)
     focus: dict = field(default_factory=dict)    # {"start": w, "grasp": w}: those frames drawn w x as often (focus.py)
     target_weight: float = 0.0             # > 0: the auxiliary target (target_aux.py: the expert regresses the cube)
+    target_within: float | None = None     # the auxiliary target only in each episode's first seconds
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -214,12 +215,13 @@ class Trainer:
             self._say(f"locate in instruction: {n} frames' instructions name their cube's cell")
         if o.target_weight > 0:
             from .target_aux import attach_targets  # noqa: PLC0415
-            n = attach_targets(episodes)
+            n = attach_targets(episodes, o.target_within)
             if n == 0:
                 raise ValueError("--target-weight: no frame has a named cube with a known place (bags of oxygen "
                                  "sim-record carry the task draw and the 'Where is the <colour> cube?' targets)")
             self._say(f"auxiliary target: {n} of {sum(e.num_frames for e in episodes)} frames know the named cube's "
-                      f"place (weight {o.target_weight})")
+                      f"place (weight {o.target_weight}"
+                      f"{'' if o.target_within is None else f', first {o.target_within:g} s only'})")
         if len(tm.action_names) > cfg.action_dim:
             raise ValueError(f"{len(tm.action_names)} action joints exceed the model's action_dim {cfg.action_dim}")
         self.train_eps, self.val_eps = split_episodes(episodes, o.val_fraction, o.seed)
