@@ -45,7 +45,7 @@ def test_labels_are_the_named_cubes_resting_place_while_its_cell_holds(bags):  #
     assert attach_targets([first], within_s=0.25) == n_early and first.target[:n_early, 2].all()
 
 
-def test_its_loss_reaches_the_action_expert_and_the_image_tokens_and_only_valid_rows_count(bags, tmp_path):  # noqa: F811
+def test_its_loss_reaches_the_expert_vlm_and_tower_and_only_valid_rows_count(bags, tmp_path):  # noqa: F811
     from oxygen_ros.train.losses import pi05_loss
     from oxygen_ros.train.target_aux import target_loss
 

@@ -393,7 +393,8 @@ class Trainer:
                     self.curves["train"].append(rec)
                     eta = (o.steps - self.step) / rate if rate > 0 else 0
                     self._say(f"step {self.step}/{o.steps}  loss {rec['loss']:.4f} (flow {rec['fm']:.4f}, text "
-                              f"{rec['ce']:.4f}{', target %.4f' % rec['target'] if 'target' in rec else ''})  lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
+                              f"{rec['ce']:.4f}{', target %.4f' % rec['target'] if 'target' in rec else ''})  "
+                              f"lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
                     acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "n": 0}
                 if self._val_items and (self.step % o.val_every == 0 or self.step == o.steps):
                     self._validate_and_log()
@@ -442,7 +443,7 @@ class Trainer:
         H, A = self.cfg.action_horizon, self.cfg.action_dim
         aux = self.target_head is not None
         tot = {"fm": 0.0, "ce": 0.0} | ({"target": 0.0} if aux else {})
-        n = 0
+        n = n_target = 0
         step = self._plain_step
         for i in range(0, len(val_items), self.o.batch_size):
             items = val_items[i:i + self.o.batch_size]
@@ -452,10 +453,15 @@ class Trainer:
             _, fm, ce, tl = pi05_loss(step, b, noise, tt, 1.0, target_weight=1.0 if aux else 0.0)
             tot["fm"] += float(fm) * len(items)
             tot["ce"] += float(ce) * len(items)
-            if aux:
-                tot["target"] += float(tl) * len(items)
+            if aux:                                   # over the frames whose target is valid, not over rows
+                nv = int(b.target_valid.sum())
+                tot["target"] += float(tl) * nv
+                n_target += nv
             n += len(items)
-        return {k: v / max(1, n) for k, v in tot.items()}
+        out = {k: v / max(1, n) for k, v in tot.items()}
+        if aux:
+            out["target"] = tot["target"] / max(1, n_target)
+        return out
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def _latest(self) -> Path | None:
