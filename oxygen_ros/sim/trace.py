@@ -113,11 +113,18 @@ class EpisodeTracer:
             out = [s for s in out if s["t"] < self.t[-1] - s["duration_s"]]
         return out
 
-    def summary(self) -> dict:
+    def summary(self, success: bool | None = None) -> dict:
+        """``success``: the episode's outcome (``EpisodeResult.success``).  ``on_step`` sees each step *before* it runs,
+        so the step that completes the task is never traced; a successful episode has reached its task's last
+        milestone by definition (reach: the named gripper touches the cube - a finger from the side counts, whatever
+        the expert's phase reads; pick: lifted; transfer: the left gripper alone)."""
         names = MILESTONES[self.spec.task]
+        if success is not None:
+            self.success = bool(success)
         if not self.t:
-            return {"milestone": names[0], "milestone_index": 0, "stalls": []}
-        reached = int(max(self.milestone))
+            return {"milestone": names[-1 if self.success else 0],
+                    "milestone_index": len(names) - 1 if self.success else 0, "stalls": []}
+        reached = len(names) - 1 if self.success else int(max(self.milestone))
         return {"milestone": names[reached], "milestone_index": reached,
                 "dist_start": round(self.dist[0], 4), "dist_min": round(float(min(self.dist)), 4),
                 "dist_end": round(self.dist[-1], 4), "stalls": self.stalls(),

@@ -146,7 +146,7 @@ class _Worker:
         out = episode_measures(res, pol.language_log, pol.horizon)
         out["cycle_outcomes"] = dict(pol.cycle_outcomes)
         if tracer is not None:
-            out["trace_summary"] = tracer.summary()
+            out["trace_summary"] = tracer.summary(res.success)
             out["trace"] = tracer.series(0.1)
         if video is not None:
             path = Path(c["out"]) / "videos" / f"{job['cell_name']}.mp4"
