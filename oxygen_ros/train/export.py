@@ -2,8 +2,8 @@
 
 This file owns one job: copy what the node loads - ``model.safetensors``, ``config.json``, ``assets/*/norm_stats.json``,
 ``paligemma_tokenizer.model`` - plus the run's curves (``curves.json`` / ``curves.png``) and the checkpoint's
-``train_state.json`` summary (step, options; not the optimizer moments) from ``RUN/latest`` to ``DEST``, replacing it
-atomically.  ``python -m oxygen_ros.train.export RUN DEST``.
+``train_state.json`` summary (step, options; not the optimizer moments) from ``RUN/latest`` to ``DEST``, built beside it
+and moved into place (a run that cannot be exported leaves ``DEST`` as it was).  ``python -m oxygen_ros.train.export RUN DEST``.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = ["export_checkpoint"]
 
 KEEP = ("model.safetensors", "config.json", "paligemma_tokenizer.model")
+REQUIRED = ("model.safetensors", "config.json", "train_state.json")
 
 
 def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
@@ -27,6 +28,20 @@ def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _fill(ck, run, dest, tmp)
+    except BaseException:                             # a broken run never costs the policy already there
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _fill(ck: Path, run: Path, dest: Path, tmp: Path) -> None:
+    missing = [n for n in REQUIRED if not (ck / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{ck}: no {', '.join(missing)} (an incomplete checkpoint; nothing exported)")
     for name in KEEP:
         if (ck / name).is_file():
             shutil.copy2(ck / name, tmp / name)
@@ -43,13 +58,14 @@ def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
     readme = dest / "README.md"
     if readme.is_file():                              # the training card is written by hand; keep it
         shutil.copy2(readme, tmp / "README.md")
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    return dest
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         print("usage: python -m oxygen_ros.train.export RUN DEST", file=sys.stderr)
         sys.exit(2)
-    print(export_checkpoint(sys.argv[1], sys.argv[2]))
+    try:
+        print(export_checkpoint(sys.argv[1], sys.argv[2]))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        sys.exit(2)
