@@ -276,10 +276,15 @@ def test_ctrl_c_finishes_the_step_and_its_handler_takes_no_lock(bags, tmp_path):
     assert signal.getsignal(signal.SIGINT) is old                # the training's handler is removed again
 
 
-def test_two_process_ddp_matches_one_process(bags, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--target-weight", "0.5", "--target-within", "0.3"]], ids=["plain", "target"])
+def test_two_process_ddp_matches_one_process(bags, tmp_path, extra):
+    """With the auxiliary target too (on the first 0.3 s only, so the ranks' halves hold different numbers of valid
+    targets): its loss is averaged over the valid frames of the *global* batch (the ranks' counts summed,
+    ``loss_counts``), not per rank - a per-rank mean differs by 7e-4 here (checked) - and the head's gradients are
+    averaged with the model's."""
     args = [str(bags), "--preset", "tiny", "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup", "1",
             "--vocab-size", "640", "--seed", "2", "--val-fraction", "0.34", "--ckpt-every", "3", "--quiet",
-            "--threads", "1"]
+            "--threads", "1", *extra]
     code = ("import sys, json; from oxygen_ros.tools import train; from oxygen_ros.train import trainer as t; "
             f"t.TrainOptions.__dataclass_fields__['model_overrides'].default_factory = lambda: {SMALL!r}; "
             "sys.exit(train.main(sys.argv[1:]))")
