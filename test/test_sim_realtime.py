@@ -46,7 +46,8 @@ def test_realtime_grid_runs_each_engine_mode_as_its_own_cell(tmp_path, process_w
         assert a["answers"]["n"] >= 1, mode                      # a question every 0.5 sim s (pick lasts >= 2 s), scored
         assert 0.0 <= a["answers"]["exact"] <= 1.0
         assert a["memory"]["n"] >= 1, mode
-        logs = {who: list((tmp_path / "logs").glob(f"{c['name']}.{who}.log")) for who in ("oxygen_node", "sim_node")}
+        logs = {who: list((tmp_path / "logs").glob(f"{c['name']}.{who}.log"))
+                for who in ("oxygen_node", "sim_node")}
         assert all(len(v) == 1 for v in logs.values()), logs     # the nodes' own logs, per cell
         assert f"engine {mode}," in logs["oxygen_node"][0].read_text()     # the cell's node ran the cell's mode
     for e in eps:

@@ -2,8 +2,8 @@
 on a vocabulary trained here from the simulation's own texts and on the shipped ``checkpoints/demo`` one: Gemma's
 special ids; every state bin "0".."255" of the action prompt one piece (so the 14-joint state costs 14 tokens, never
 split by the corpus's statistics); the domain's words whole; byte fallback (any text encodes and round-trips up to
-whitespace, no unknown id); a vocabulary too small for its fixed pieces refused; and every action prompt the simulation's tasks
-produce fits the demo model's ``max_token_len`` with the state intact (truncation would cut the state)."""
+whitespace, no unknown id); a vocabulary too small for its fixed pieces refused; and every action prompt the
+simulation's tasks produce fits the demo model's ``max_token_len`` with the state intact (truncation would cut the state)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,7 +3,8 @@
 This file owns one job: copy what the node loads - ``model.safetensors``, ``config.json``, ``assets/*/norm_stats.json``,
 ``paligemma_tokenizer.model`` - plus the run's curves (``curves.json`` / ``curves.png``) and the checkpoint's
 ``train_state.json`` summary (step, options; not the optimizer moments) from ``RUN/latest`` to ``DEST``, built beside it
-and moved into place (a run that cannot be exported leaves ``DEST`` as it was).  ``python -m oxygen_ros.train.export RUN DEST``.
+and moved into place (a run that cannot be exported leaves ``DEST`` as it was).
+``python -m oxygen_ros.train.export RUN DEST``.
 """
 from __future__ import annotations
 
