@@ -6,7 +6,8 @@ This file owns the soak benchmark (not a test: it runs for minutes).  It starts 
 conversation question every ``--prompt-period`` seconds, and every ``--sample-period`` seconds records the RSS of the
 node's Python process (the deepest process of its tree: the PyPI ROS wheels' bootstrapper runs the interpreter as a
 child), the action_chunk rate and the counts of answers and memory entries.  Prints the series and a summary (growth
-over the whole run and over the last ``--window`` seconds) and writes JSON (``--out``).
+over the whole run and over the last ``--window`` seconds) and writes JSON (``--out``); exits 1 when the node died
+during the run (the summary says when).
 """
 from __future__ import annotations
 
@@ -104,10 +105,12 @@ def main(argv=None) -> int:
                 row = {"t_s": round(now - t0, 1), "rss_mib": None if rss is None else rss / 1024,
                        "chunk_hz": mon.chunk_rate(2.0), "answers": len(mon.responses), "memory": len(mon.memory)}
                 series.append(row)
-                print(f"{row['t_s']:6.0f} {row['rss_mib']:8.1f} {row['chunk_hz']:8.1f} {row['answers']:7d} "
+                rss_txt = "-" if row["rss_mib"] is None else f"{row['rss_mib']:.1f}"     # None: the node is gone
+                print(f"{row['t_s']:6.0f} {rss_txt:>8} {row['chunk_hz']:8.1f} {row['answers']:7d} "
                       f"{row['memory']:6d}", flush=True)
                 next_sample += a.sample_period
             time.sleep(0.05)
+        died_at = None if node.alive() else round(time.monotonic() - t0, 1)
     finally:
         rep.stop()
         rc, dt = node.stop()
@@ -130,10 +133,14 @@ def main(argv=None) -> int:
         "growth_after_warmup_mib": growth([r for r in series if r["t_s"] >= a.warmup]),
         f"growth_last_{a.window:.0f}s_mib": growth([r for r in series if r["t_s"] >= t_end - a.window]),
         "chunk_hz_min": min((r["chunk_hz"] for r in series[1:]), default=None),
-        "node_exit": rc, "node_exit_s": dt,
+        "node_exit": rc, "node_exit_s": dt, "node_died_at_s": died_at,
         "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
     }
     print(json.dumps(summary, indent=2))
     out.write_text(json.dumps({"args": vars(a), "summary": summary, "series": series}, indent=2))
     print(f"wrote {out}")
+    if died_at is not None:                            # a soak whose node died is a failed soak, whatever it measured
+        print(f"soak FAILED: the node exited {died_at:.0f} s into the run (code {rc}); its log: "
+              f"{out.parent / 'soak_node.log'}")
+        return 1
     return 0
