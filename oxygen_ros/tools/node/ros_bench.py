@@ -153,6 +153,7 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
     t_start = time.monotonic()
     time.sleep(a.duration)
     t_end = time.monotonic()
+    died = not node.alive()                           # a node that exited mid-measurement makes no benchmark
     diag = dict(mon.diag)
     frame_wait = mon.diag_value("frame_age_at_cycle_ms_p50")
     rtc_ms = mon.diag_value("rtc_ms_p50")
@@ -160,6 +161,10 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
     rc, _ = node.stop()
     mon.close()
     rclpy.try_shutdown()
+    if died:
+        print(f"ros-bench FAILED: the node exited during the measurement (code {rc}); its log: {node.log_path}\n"
+              + node.tail(15))
+        rc = rc or 1
 
     with mon.lock:
         chunks = [c for c in mon.chunks if t_start <= c[0] <= t_end]
@@ -200,7 +205,7 @@ def _run(a, bag: Path, out_dir: Path, mode: str) -> tuple[dict, int]:
         "frame_age_at_cycle_start_ms_p50": frame_wait,
         "smoothness": smoothness(stream, period_ms / 1e3),
         "rtc_ms_p50": None if rtc_ms is None else float(rtc_ms),
-        "node_exit_code": rc,
+        "node_exit_code": rc, "node_died": died,
         "diagnostics": {k: {"level": v[0], "message": v[1]} for k, v in diag.items()},
     }
     sm = res["smoothness"]
