@@ -108,6 +108,35 @@ def stop_proc(p: subprocess.Popen, timeout: float = 5.0) -> None:
             p.wait(5)
 
 
+def kill_node_mid_run(tool_args, marker: str, node_pid, settle_s: float = 1.5, timeout: float = 240.0):
+    """Run ``oxygen <tool_args>`` (stdout + stderr merged), read its output to the first line containing ``marker``,
+    wait ``settle_s``, SIGKILL what ``node_pid(line)`` returns (a pid or a list of pids), and let the tool finish.
+    Returns (exit code, all output).  The tool is killed if it outlives ``timeout`` or the test fails first."""
+    p = subprocess.Popen([sys.executable, "-u", "-m", "oxygen_ros.tools.cli", *map(str, tool_args)], cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        t_end = time.monotonic() + timeout
+        for line in p.stdout:
+            lines.append(line)
+            if marker in line:
+                break
+            assert time.monotonic() < t_end, "".join(lines)
+        assert lines and marker in lines[-1], "".join(lines)
+        time.sleep(settle_s)
+        pids = node_pid(lines[-1])
+        pids = [pids] if isinstance(pids, int) else list(pids)
+        assert pids, "".join(lines)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        rest, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, "".join(lines) + rest
+
+
 # s: how soon a node that exits cleanly has left the graph.  The participant announces its leave when it is finalised,
 # and DDS unmatches the node's publishers when the announcement arrives.  Measured: under 1 ms in each of 99 exits of
 # an rclpy node with 200 publishers and subscriptions, observed from a process at nice 10 beside four busy loops.

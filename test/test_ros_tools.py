@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TIMING_GROUP, require_ros
+from conftest import REPO, TIMING_GROUP, kill_node_mid_run, require_ros
 
 require_ros()
 
@@ -92,32 +92,14 @@ def test_ros_bench_short_run(tmp_path):
 def test_ros_bench_fails_when_the_node_dies_during_the_measurement(tmp_path, process_watch):
     """The node SIGKILLed mid-measurement: the benchmark says so, exits non-zero and marks its JSON (it used to print
     a table of whatever arrived before and exit with the bootstrapper's code)."""
-    import os
-    import signal
-    import time
     out = tmp_path / "rb.json"
-    p = subprocess.Popen([sys.executable, "-u", "-m", "oxygen_ros.tools.cli", "ros-bench", "--duration", "8",
-                          "--warmup", "1", "--device", "cpu", "--out", str(out)], cwd=str(REPO),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        for line in p.stdout:
-            lines.append(line)
-            if "node ready after" in line:
-                break
-        time.sleep(1.5)
+
+    def node_pids(_line):
         process_watch.sample()
-        nodes = [pid for (pid, _), cmd in process_watch.alive().items() if "oxygen_ros.ros.node" in cmd]
-        assert nodes, "".join(lines)
-        for pid in nodes:
-            os.kill(pid, signal.SIGKILL)
-        rest, _ = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(lines) + rest
-    assert p.returncode != 0, text[-3000:]
+        return [pid for (pid, _), cmd in process_watch.alive().items() if "oxygen_ros.ros.node" in cmd]
+    rc, text = kill_node_mid_run(["ros-bench", "--duration", "8", "--warmup", "1", "--device", "cpu", "--out", out],
+                                 "node ready after", node_pids)
+    assert rc != 0, text[-3000:]
     assert "ros-bench FAILED: the node exited during the measurement" in text, text[-3000:]
     assert json.loads(out.read_text())["node_died"] is True
     assert process_watch.wait_gone(10.0) == {}

@@ -8,15 +8,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
-from conftest import REPO, TIMING_GROUP, require_ros
+from conftest import REPO, TIMING_GROUP, kill_node_mid_run, require_ros
 
 require_ros()
 
@@ -48,28 +46,9 @@ def test_a_short_soak_measures_and_cleans_up(tmp_path, process_watch):
 
 def test_the_node_dying_mid_soak_fails_the_soak(tmp_path, process_watch):
     out = tmp_path / "soak.json"
-    p = subprocess.Popen([sys.executable, "-u", "-m", "oxygen_ros.tools.cli", "soak", "--duration", "60", *ARGS,
-                          "--out", str(out)], cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    lines, pid = [], None
-    try:
-        t_end = time.monotonic() + 240
-        for line in p.stdout:                                              # "soak: node pid N, ..."
-            lines.append(line)
-            if line.startswith("soak: node pid"):
-                pid = int(line.split()[3].rstrip(","))
-                break
-            assert time.monotonic() < t_end, "".join(lines)
-        assert pid is not None, "".join(lines)
-        time.sleep(2.0)
-        os.kill(pid, signal.SIGKILL)                                       # the node's interpreter dies
-        rest, _ = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    text = "".join(lines) + rest
-    assert p.returncode == 1, text[-3000:]
+    rc, text = kill_node_mid_run(["soak", "--duration", "60", *ARGS, "--out", out], "soak: node pid",
+                                 lambda line: int(line.split()[3].rstrip(",")), settle_s=2.0)   # its interpreter
+    assert rc == 1, text[-3000:]
     assert "soak FAILED: the node exited" in text
     s = json.loads(out.read_text())["summary"]
     assert s["node_died_at_s"] is not None and s["node_died_at_s"] < 60
