@@ -91,7 +91,7 @@ def test_ros_bench_short_run(tmp_path):
 
 def test_ros_bench_fails_when_the_node_dies_during_the_measurement(tmp_path, process_watch):
     """The node SIGKILLed mid-measurement: the benchmark says so, exits non-zero and marks its JSON (it used to print
-    a table of whatever arrived before and exit with the bootstrapper's code)."""
+    a table of whatever arrived before, with nothing saying the node had died)."""
     out = tmp_path / "rb.json"
 
     def node_pids(_line):

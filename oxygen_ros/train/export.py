@@ -26,6 +26,9 @@ def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
     if not latest.is_file():
         raise FileNotFoundError(f"{run}: no `latest` checkpoint (is it an `oxygen train --out` folder?)")
     ck = run / latest.read_text().strip()
+    missing = [n for n in REQUIRED if not (ck / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{ck}: no {', '.join(missing)} (an incomplete checkpoint; nothing exported)")
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -40,9 +43,6 @@ def export_checkpoint(run: str | os.PathLike, dest: str | os.PathLike) -> Path:
 
 
 def _fill(ck: Path, run: Path, dest: Path, tmp: Path) -> None:
-    missing = [n for n in REQUIRED if not (ck / n).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{ck}: no {', '.join(missing)} (an incomplete checkpoint; nothing exported)")
     for name in KEEP:
         if (ck / name).is_file():
             shutil.copy2(ck / name, tmp / name)

@@ -141,6 +141,6 @@ def main(argv=None) -> int:
     print(f"wrote {out}")
     if died_at is not None:                            # a soak whose node died is a failed soak, whatever it measured
         print(f"soak FAILED: the node exited {died_at:.0f} s into the run (code {rc}); its log: "
-              f"{out.parent / 'soak_node.log'}")
+              f"{node.log_path}")
         return 1
     return 0
