@@ -57,7 +57,7 @@ def test_its_loss_reaches_the_expert_vlm_and_tower_and_only_valid_rows_count(bag
     H, A = tr.cfg.action_horizon, tr.cfg.action_dim
     g = torch.Generator().manual_seed(0)
     noise, t = torch.randn(2, H, A, generator=g), torch.full((2,), 0.5)
-    _, _, _, tl = pi05_loss(tr._plain_step, b, noise, t, 0.0, target_weight=1.0)
+    _, _, _, tl, _ = pi05_loss(tr._plain_step, b, noise, t, 0.0, target_weight=1.0)
     pred = tr.target_head(tr.model.forward_train(b.images, b.image_masks, b.tokens, b.token_masks,
                                                  t[:, None, None] * noise + (1 - t[:, None, None]) * b.actions, t,
                                                  return_hidden=True)[2])

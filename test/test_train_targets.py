@@ -129,7 +129,7 @@ def test_x_t_and_the_velocity_target_follow_the_samplers_convention(monkeypatch)
             seen["x_t"], seen["t"] = x_t.clone(), time.clone()
             return (x_t - a) / time[:, None, None], None       # the velocity the sampler integrates there
 
-        total, fm, _, _ = pi05_loss(step_fn, batch, n, torch.tensor([t]), text_weight=0.0)
+        total, fm, _, _, _ = pi05_loss(step_fn, batch, n, torch.tensor([t]), text_weight=0.0)
         assert torch.allclose(seen["x_t"], x_k, atol=1e-5), t              # the sampler's state at time t
         assert fm.item() < 1e-9, t                                          # the target is that velocity
         u = n - a                                                           # (zero loss for exactly this target)

@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--target-within", type=float, default=None, metavar="S",
                     help="the auxiliary target only on each episode's first S seconds (where the pose cannot tell "
                          "where the arm is going: the head must read the images); default: every frame")
+    ap.add_argument("--plan-weight", type=float, default=0.0,
+                    help="a target on the plan itself: the squared distance (in 5 cm units) between the grip sites "
+                         "of the denoiser's estimate of the clean chunk and of the label, through both arms' forward "
+                         "kinematics (train/plan_target.py; needs the simulation's MuJoCo model), weighted by this "
+                         "against the flow loss; 0 = off")
     ap.add_argument("--asset-id", default="sim_aloha", help="norm stats folder name under assets/")
     for name, default in (("actions", "/executed_action"), ("joint-states", "/joint_states"),
                           ("instruction", "/instruction"), ("episode", "/episode"), ("text-targets", "/text_targets")):
@@ -120,6 +125,8 @@ def main(argv=None) -> int:
         ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
     if not 0 <= a.target_weight < float("inf"):
         ap.error(f"--target-weight must be a finite number >= 0, got {a.target_weight}")
+    if not 0 <= a.plan_weight < float("inf"):
+        ap.error(f"--plan-weight must be a finite number >= 0, got {a.plan_weight}")
     if a.target_within is not None and not (0 < a.target_within < float("inf") and a.target_weight > 0):
         ap.error(f"--target-within needs --target-weight > 0 and a finite number of seconds > 0, got "
                  f"{a.target_within}")
@@ -141,7 +148,7 @@ def main(argv=None) -> int:
                      resume=a.resume,
                      eval_every=a.eval_every, locate_in_instruction=a.locate_in_instruction,
                      state_noise=a.state_noise, state_input=not a.no_state_input, focus=focus,
-                     target_weight=a.target_weight, target_within=a.target_within,
+                     target_weight=a.target_weight, target_within=a.target_within, plan_weight=a.plan_weight,
                      topics={k: v for k, v in topics.items() if v}, quiet=a.quiet)
     try:
         trainer = Trainer(o, robot_layout(a.params),

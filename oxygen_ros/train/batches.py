@@ -34,6 +34,7 @@ class Batch:
     text_targets: torch.Tensor    # [B, Lt] bool: logits at j are trained to predict text[j + 1]
     target: torch.Tensor | None = None         # [B, 2] float32: the named cube's place (target_aux.py), or None
     target_valid: torch.Tensor | None = None   # [B] bool
+    state: torch.Tensor | None = None          # [B, D] float32: the frame's true joint state (plan_target.py)
 
     def slice(self, a: int, b: int) -> "Batch":
         return Batch(*[None if getattr(self, f) is None else getattr(self, f)[a:b] for f in self.__dataclass_fields__])
@@ -94,12 +95,14 @@ class BatchMaker:
         xmask = torch.zeros(B, Lt, dtype=torch.bool)
         xtgt = torch.zeros(B, Lt, dtype=torch.bool)
         target, target_valid = torch.zeros(B, 2), torch.zeros(B, dtype=torch.bool)
+        state = torch.zeros(B, items[0][0].state.shape[1]) if items else torch.zeros(0, 0)
         for b, (ep, f, ti) in enumerate(items):
             for c in range(C):
                 if ep.image_mask[f, c]:
                     images[b, c] = image_to_tensor(ep.images[f, c])
                     image_masks[b, c] = True
             prompt_state = ep.state[f]
+            state[b] = torch.from_numpy(np.asarray(ep.state[f], np.float32))
             if state_noise > 0:
                 n = torch.randn(len(prompt_state), generator=gen).numpy() * state_noise
                 k = min(len(prompt_state), len(self.delta_mask))
@@ -128,7 +131,7 @@ class BatchMaker:
                 xtgt[b, n_prompt - 1:len(ids) - 1] = True
         if augment:
             images[:, 0] = _augment(images[:, 0], image_masks[:, 0], gen)
-        return Batch(images, image_masks, tokens, tmask, actions, valid, text, xmask, xtgt, target, target_valid)
+        return Batch(images, image_masks, tokens, tmask, actions, valid, text, xmask, xtgt, target, target_valid, state)
 
 
 def _augment(x: torch.Tensor, mask: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:

@@ -8,7 +8,8 @@ answer tokens and EOS given the image tokens and the language prompt (prefix-LM:
 follows it is predicted).  ``pi05_loss(model, batch, noise, time)`` returns the weighted total and its parts; the
 noise and times are drawn by the caller (from a seeded generator, so distributed ranks and resumed runs draw the same).
 With ``target_weight`` > 0 the step function also returns the auxiliary head's prediction of the named cube's place
-(``target_aux.py``) and its squared error joins the total.
+(``target_aux.py``) and its squared error joins the total; with ``plan_weight`` > 0 the grip-site distance of the
+flow's estimate of the clean chunk to the label's (``plan_target.py``) does.
 """
 from __future__ import annotations
 
@@ -57,11 +58,12 @@ def loss_counts(batch) -> torch.Tensor:
 
 
 def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weight: float = 1.0,
-              denoms: torch.Tensor | None = None, target_weight: float = 0.0):
+              denoms: torch.Tensor | None = None, target_weight: float = 0.0, plan=None, plan_weight: float = 0.0):
     """``step_fn`` = ``model.forward_train`` (or a DDP wrapper of it; with ``target_weight`` > 0 one that returns the
     auxiliary head's prediction third, the trainer's ``_Step``).  ``denoms``: (rows, text tokens, targets) to divide
-    by (default ``loss_counts(batch)``).  Returns (total, flow matching, text, target) - the parts detached, for
-    logging (target 0 when unused)."""
+    by (default ``loss_counts(batch)``).  ``plan``: a ``plan_target.PlanTarget``, its loss on the flow's estimate of
+    the clean chunk x0 = x_t - t * v weighted by ``plan_weight``.  Returns (total, flow matching, text, target, plan)
+    - the parts detached, for logging (target / plan 0 when unused)."""
     d = loss_counts(batch).clamp(min=1.0) if denoms is None else denoms
     t = time[:, None, None]
     x_t = t * noise + (1 - t) * batch.actions
@@ -80,4 +82,11 @@ def pi05_loss(step_fn, batch, noise: torch.Tensor, time: torch.Tensor, text_weig
                              "a batch with targets")
         tl = target_loss(out[2], batch.target, batch.target_valid, d[2] if len(d) > 2 else None)
         total = total + target_weight * tl
-    return total, fm.detach(), ce.detach(), tl.detach()
+    pl = torch.zeros(())
+    if plan is not None and plan_weight > 0:
+        if batch.state is None:
+            raise ValueError("plan_weight > 0 needs a batch with the frames' state")
+        x0_hat = x_t - t * v.float()[..., :x_t.shape[-1]]
+        pl = plan.loss(x0_hat, batch.actions, batch.state, batch.action_valid, d[0])
+        total = total + plan_weight * pl
+    return total, fm.detach(), ce.detach(), tl.detach(), pl.detach()

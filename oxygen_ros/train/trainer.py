@@ -80,6 +80,7 @@ class TrainOptions:
     focus: dict = field(default_factory=dict)    # {"start": w, "grasp": w}: those frames drawn w x as often (focus.py)
     target_weight: float = 0.0             # > 0: the auxiliary target (target_aux.py: the expert regresses the cube)
     target_within: float | None = None     # the auxiliary target only in each episode's first seconds
+    plan_weight: float = 0.0               # > 0: the plan's grip sites vs the label's (plan_target.py)
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
@@ -261,6 +262,10 @@ class Trainer:
             from .target_aux import TargetHead  # noqa: PLC0415
             torch.manual_seed(o.seed + 3)
             self.target_head = TargetHead(cfg.expert.width).to(dev).train()
+        self.plan = None
+        if o.plan_weight > 0:
+            from .plan_target import PlanTarget  # noqa: PLC0415
+            self.plan = PlanTarget(ns, self.delta_mask)
         self.proc = Processor(cfg, tok, ns, action_dims=len(tm.action_names))
         self.maker = BatchMaker(cfg, self.proc, self.delta_mask, 0)
         self.maker.text_len = int(math.ceil(self.maker.longest_text(episodes) / 8) * 8)
@@ -352,7 +357,7 @@ class Trainer:
         if self.rank == 0:
             signal.signal(signal.SIGINT, on_sigint)
         t_start, seen = time.perf_counter(), 0
-        acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "n": 0}
+        acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "plan": 0.0, "n": 0}
         if self._val_items and o.init and self.step == 0 and not self.curves["val"]:
             self._validate_and_log()            # a fine-tune's curve starts at its init's losses
         try:
@@ -372,15 +377,16 @@ class Trainer:
                     torch.distributed.all_reduce(counts)
                 denoms = counts.clamp(min=1.0) / self.world
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss, fm, ce, tl = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
-                                                 tt[lo:hi].to(self.device), o.text_weight, denoms, o.target_weight)
+                    loss, fm, ce, tl, pl = pi05_loss(self.step_fn, batch, noise[lo:hi].to(self.device),
+                                                     tt[lo:hi].to(self.device), o.text_weight, denoms,
+                                                     o.target_weight, self.plan, o.plan_weight)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(params_of(self.model, self.target_head), o.grad_clip)
                 self.opt.step()
                 self.step += 1
                 seen += 1
-                for k, v in (("loss", loss.detach()), ("fm", fm), ("ce", ce), ("target", tl)):
+                for k, v in (("loss", loss.detach()), ("fm", fm), ("ce", ce), ("target", tl), ("plan", pl)):
                     acc[k] += float(v) * self.world      # this rank's share of the global mean
                 acc["n"] += 1
                 if self.step % o.log_every == 0 or self.step == o.steps:
@@ -390,12 +396,15 @@ class Trainer:
                            "lr": lr, "grad_norm": float(gnorm), "steps_per_s": rate}
                     if self.target_head is not None:
                         rec["target"] = acc["target"] / n
+                    if self.plan is not None:
+                        rec["plan"] = acc["plan"] / n
                     self.curves["train"].append(rec)
                     eta = (o.steps - self.step) / rate if rate > 0 else 0
                     self._say(f"step {self.step}/{o.steps}  loss {rec['loss']:.4f} (flow {rec['fm']:.4f}, text "
-                              f"{rec['ce']:.4f}{', target %.4f' % rec['target'] if 'target' in rec else ''})  "
+                              f"{rec['ce']:.4f}{', target %.4f' % rec['target'] if 'target' in rec else ''}"
+                              f"{', plan %.4f' % rec['plan'] if 'plan' in rec else ''})  "
                               f"lr {lr:.2e}  {rate:.2f} steps/s  eta {eta / 60:.0f} min")
-                    acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "n": 0}
+                    acc = {"loss": 0.0, "fm": 0.0, "ce": 0.0, "target": 0.0, "plan": 0.0, "n": 0}
                 if self._val_items and (self.step % o.val_every == 0 or self.step == o.steps):
                     self._validate_and_log()
                 if self.step % o.ckpt_every == 0 or self.step == o.steps:
@@ -417,7 +426,8 @@ class Trainer:
         self.curves["val"].append(v)
         parts = ", ".join(f"{g} {v['fm_' + g]:.4f}" for g in GROUPS if "fm_" + g in v)
         self._say(f"  validation at step {self.step}: flow {v['fm']:.4f}{f' ({parts})' if parts else ''}  "
-                  f"text {v['ce']:.4f}{'  target %.4f' % v['target'] if 'target' in v else ''}")
+                  f"text {v['ce']:.4f}{'  target %.4f' % v['target'] if 'target' in v else ''}"
+                  f"{'  plan %.4f' % v['plan'] if 'plan' in v else ''}")
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -442,7 +452,7 @@ class Trainer:
         g = torch.Generator().manual_seed(self.o.seed + 2)
         H, A = self.cfg.action_horizon, self.cfg.action_dim
         aux = self.target_head is not None
-        tot = {"fm": 0.0, "ce": 0.0} | ({"target": 0.0} if aux else {})
+        tot = {"fm": 0.0, "ce": 0.0} | ({"target": 0.0} if aux else {}) | ({"plan": 0.0} if self.plan else {})
         n = n_target = 0
         step = self._plain_step
         for i in range(0, len(val_items), self.o.batch_size):
@@ -450,8 +460,11 @@ class Trainer:
             b = self.maker.make(items).to(self.device)
             noise = torch.randn(len(items), H, A, generator=g).to(self.device)
             tt = sample_time(len(items), g).to(self.device)
-            _, fm, ce, tl = pi05_loss(step, b, noise, tt, 1.0, target_weight=1.0 if aux else 0.0)
+            _, fm, ce, tl, pl = pi05_loss(step, b, noise, tt, 1.0, target_weight=1.0 if aux else 0.0,
+                                          plan=self.plan, plan_weight=1.0 if self.plan else 0.0)
             tot["fm"] += float(fm) * len(items)
+            if self.plan is not None:
+                tot["plan"] += float(pl) * len(items)
             tot["ce"] += float(ce) * len(items)
             if aux:                                   # over the frames whose target is valid, not over rows
                 nv = int(b.target_valid.sum())
