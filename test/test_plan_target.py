@@ -18,7 +18,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def scene():
     pytest.importorskip("gym_aloha")
     from oxygen_ros.sim.scene import AlohaScene
-    return AlohaScene(camera_size=(16, 16))
+    s = AlohaScene(camera_size=(8, 8))
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")

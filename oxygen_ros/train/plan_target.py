@@ -57,7 +57,9 @@ class ArmKinematics:
     def __init__(self, model=None):
         if model is None:
             from oxygen_ros.sim.scene import AlohaScene  # noqa: PLC0415  (needs mujoco and gym-aloha's assets)
-            model = AlohaScene().model
+            scene = AlohaScene(camera_size=(8, 8))
+            model = scene.model
+            scene.close()
         self.chains = {arm: self._chain(model, arm) for arm in ARM_OFFSETS}
 
     @staticmethod
