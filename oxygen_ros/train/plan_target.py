@@ -114,8 +114,12 @@ class PlanTarget:
     """The grip-site distance between a predicted and a labelled chunk (see the module docstring)."""
 
     def __init__(self, norm_stats, delta_mask, kinematics: ArmKinematics | None = None, scale: float = 0.05):
-        q = NormStatsView(norm_stats)
-        self.q01, self.span = q.q01, q.span
+        s = norm_stats.actions                   # the inverse of NormStats.normalize_actions on these columns
+        if s is None or s.q01 is None or s.q99 is None or len(s.q01) < 14:
+            raise ValueError("the plan target needs the actions' q01 / q99 statistics for the 14 ALOHA columns")
+        q01, q99 = np.asarray(s.q01, np.float64), np.asarray(s.q99, np.float64)
+        self.q01 = torch.from_numpy(q01).float()                                        # [n]
+        self.span = torch.from_numpy(q99 - q01 + 1e-6).float()                          # [n] = q99 - q01 + 1e-6
         dm = np.zeros(14, bool)
         d = np.asarray(delta_mask, bool)[:14]
         dm[:len(d)] = d
@@ -142,17 +146,3 @@ class PlanTarget:
         d = w.sum().clamp(min=1.0) if denom is None else denom
         return (se * w).sum() / d
 
-
-class NormStatsView:
-    """The action quantiles of a ``NormStats`` as torch tensors: q01 [n] and span = q99 - q01 + 1e-6 [n] (the
-    inverse of ``NormStats.normalize_actions`` on the dims they cover)."""
-
-    def __init__(self, norm_stats):
-        s = norm_stats.actions
-        if s is None or s.q01 is None or s.q99 is None:
-            raise ValueError("the plan target needs the actions' q01 / q99 statistics")
-        q01, q99 = np.asarray(s.q01, np.float64), np.asarray(s.q99, np.float64)
-        if len(q01) < 14:
-            raise ValueError(f"the plan target needs statistics for the 14 ALOHA action columns, got {len(q01)}")
-        self.q01 = torch.from_numpy(q01).float()
-        self.span = torch.from_numpy(q99 - q01 + 1e-6).float()
