@@ -375,6 +375,36 @@ def test_init_from_another_architecture_is_refused(bags, tmp_path):
         tr.setup()
 
 
+def test_init_with_another_horizon_fine_tunes_a_longer_plan(bags, tmp_path):
+    """``--init CK --horizon H2``: the checkpoint's weights (none depends on H) plan H2 rows; the norm stats are
+    recomputed over H2-row chunks (the init's describe H-row deltas); the saved checkpoint is an H2 policy the node
+    serves.  Without ``--horizon`` the init's own H is kept."""
+    from oxygen_ros.model import load_checkpoint
+    H = SMALL["action_horizon"]
+    first = _trainer(bags, tmp_path / "r1", steps=4, ckpt_every=4, val_every=4)
+    first.setup()
+    ck = Path(first.train()["latest"])
+    same = _trainer(bags, tmp_path / "r2", steps=1, init=str(ck), preset=None)
+    same.setup()
+    assert same.cfg.action_horizon == H
+    assert same.norm_stats.to_dict() == first.norm_stats.to_dict()
+    longer = _trainer(bags, tmp_path / "r3", steps=2, ckpt_every=2, val_every=2, init=str(ck), preset=None,
+                      horizon=3 * H)
+    longer.setup()
+    assert longer.cfg.action_horizon == 3 * H
+    for k, v in first.model.state_dict().items():                      # the same weights, another plan length
+        assert torch.equal(v, longer.model.state_dict()[k].to(v.device)), k
+    from oxygen_ros.train.data import norm_stats
+    assert longer.norm_stats.to_dict() == norm_stats(longer.train_eps, 3 * H, longer.delta_mask)
+    arm = np.flatnonzero(longer.delta_mask)
+    q99 = lambda tr: np.asarray(tr.norm_stats.to_dict()["norm_stats"]["actions"]["q99"])[arm]   # noqa: E731
+    assert q99(longer).max() > 1.2 * q99(first).max()                  # the arm moves farther in 3H rows
+    out = Path(longer.train()["latest"])
+    pol = load_checkpoint(out)
+    assert pol.cfg.action_horizon == 3 * H
+    assert json.loads((out / "config.json").read_text())["action_horizon"] == 3 * H
+
+
 def test_locate_in_instruction_writes_each_frames_cell_and_refuses_bags_without_it(bags, tmp_path):
     """``--locate-in-instruction`` (issue 26's localisation experiment): every frame's action prompt carries the
     named cube's cell from that frame's own text target; a bag without such targets fails before training."""
@@ -421,6 +451,15 @@ def test_a_state_noise_that_is_not_a_finite_non_negative_number_is_refused(bad, 
     with pytest.raises(SystemExit) as e:
         main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--state-noise", bad])
     assert e.value.code == 2 and "--state-noise must be a finite number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "1001"])
+def test_a_horizon_outside_1_to_1000_rows_is_refused(bad, tmp_path, capsys):
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--horizon", bad])
+    assert e.value.code == 2 and "--horizon must be 1..1000 rows" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 

@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--weight-decay", type=float, default=1e-4)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--text-weight", type=float, default=0.5, help="weight of the text cross-entropy (0 = off)")
-    ap.add_argument("--horizon", type=int, default=None, help="action chunk rows (default: the preset's)")
+    ap.add_argument("--horizon", type=int, default=None,
+                    help="action chunk rows (default: the preset's, or the --init checkpoint's; another one fine-tunes "
+                         "it to plan that many rows - no weight depends on it - with norm stats recomputed)")
     ap.add_argument("--vocab-size", type=int, default=1024, help="SentencePiece vocabulary (at most)")
     ap.add_argument("--bf16", nargs="?", const="on", default="off", choices=("on", "off", "auto"),
                     help="bf16 autocast: --bf16 (= on) needs native bf16 (GPUs, avx512_bf16 / AMX CPUs) and is refused "
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
 
     ap = _parser()
     a = ap.parse_args(argv)
+    if a.horizon is not None and not 1 <= a.horizon <= 1000:
+        ap.error(f"--horizon must be 1..1000 rows, got {a.horizon}")
     if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
         ap.error(f"--state-noise must be a finite number >= 0, got {a.state_noise}")
     if not 0 <= a.target_weight < float("inf"):

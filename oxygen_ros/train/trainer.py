@@ -193,6 +193,11 @@ class Trainer:
                 if (want.vision, want.vlm, want.expert) != (cfg.vision, cfg.vlm, cfg.expert):
                     raise ValueError(f"--init {init_dir}: its architecture ({cfg.name}) is not the preset "
                                      f"{o.preset!r}'s; drop --preset or pick the matching one")
+            if o.horizon and not resume_dir and o.horizon != cfg.action_horizon:
+                # no weight depends on H (the noise's rows are the action tokens): a longer plan is a fine-tune
+                self._say(f"horizon: {cfg.action_horizon} -> {o.horizon} rows (norm stats recomputed for it)")
+                cfg = cfg.replace(action_horizon=int(o.horizon))
+                pol = pol._replace(norm_stats=None)
             if not o.state_input and not resume_dir:
                 cfg = cfg.replace(discrete_state_input=False)
             elif o.state_input and not cfg.discrete_state_input:
