@@ -193,7 +193,7 @@ def test_training_smoke_loss_falls_and_the_node_serves_the_checkpoint(bags, tmp_
 
 
 def test_device_auto_is_the_cpu_without_a_gpu_and_ddp_uses_nccl_only_for_cuda_tensors(monkeypatch):
-    from oxygen_ros.train.trainer import ddp_backend, resolve_device
+    from oxygen_ros.train.device import ddp_backend, resolve_device
     assert resolve_device("cpu") == torch.device("cpu")
     assert ddp_backend(torch.device("cpu")) == "gloo"
     assert ddp_backend(torch.device("cuda", 0)) == "nccl"

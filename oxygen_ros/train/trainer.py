@@ -9,7 +9,7 @@ losses of ``losses.py`` and batches of ``batches.py``.  Determinism: one seeded 
 batch (rows, text targets) and one seeded torch generator draws every noise, time and augmentation; both are part of
 the checkpoint, so ``--resume`` continues exactly where an uninterrupted run would be.  Under ``torchrun`` each rank
 takes its slice of the same global batch and DDP (gloo on CPU, NCCL on CUDA) averages the gradients, so N processes
-compute the update one process computes on the whole batch.  ``device`` (``resolve_device``): ``auto`` = CUDA when
+compute the update one process computes on the whole batch.  ``device`` (``device.py``: ``resolve_device``): ``auto`` = CUDA when
 present (under torchrun ``cuda:LOCAL_RANK``), else the CPU; the model, optimiser state and every batch live there
 (batches are assembled on the host, pinned and copied without blocking), noise and times are still drawn on the
 host's generators (the same numbers on any device), bf16 autocast runs on the device's type, and DDP picks NCCL only
@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .device import ddp_backend, resolve_device
 from .focus import GROUPS
 from .precision import resolve_bf16
+from .run_files import flatten_optimizer, plot_curves, restore_optimizer
 
-__all__ = ["TrainOptions", "Trainer", "lr_at", "resolve_device", "ddp_backend"]
+__all__ = ["TrainOptions", "Trainer", "lr_at"]
 
 
 @dataclass
@@ -84,31 +86,6 @@ class TrainOptions:
     topics: dict = field(default_factory=dict)   # --*-topic overrides (TopicMap fields)
     model_overrides: dict = field(default_factory=dict)   # config fields over the preset's (tests: small images)
     quiet: bool = False
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` -> CUDA when available (``cuda:LOCAL_RANK`` under torchrun), else the CPU; ``cuda`` likewise picks
-    the local rank's GPU; anything else as given.  ValueError for CUDA without a GPU or an unknown name."""
-    name = (name or "auto").strip().lower()
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"--device {name!r}: {exc}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available here (use cpu or auto)")
-        if dev.index is None:
-            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    elif dev.type != "cpu":
-        raise ValueError(f"--device {name}: training runs on cpu or cuda")
-    return dev
-
-
-def ddp_backend(device: torch.device) -> str:
-    """NCCL for CUDA tensors, gloo for CPU tensors (NCCL cannot reduce host tensors)."""
-    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def lr_at(step: int, o: TrainOptions) -> float:
@@ -504,7 +481,7 @@ class Trainer:
         save_checkpoint(self.model, tmp, layout="openpi", norm_stats=self.norm_stats, asset_id=self.o.asset_id)
         if self.tok_path is not None:
             shutil.copy2(self.tok_path, tmp / self.tok_path.name)
-        opt_t, opt_meta = _flatten_optimizer(self.opt)
+        opt_t, opt_meta = flatten_optimizer(self.opt)
         head = {} if self.target_head is None else {
             f"target_head.{k}": v.detach().cpu().contiguous() for k, v in self.target_head.state_dict().items()}
         save_file(opt_t | head | {"gen_state": self.gen.get_state()}, str(tmp / "train_state.safetensors"))
@@ -534,7 +511,7 @@ class Trainer:
             self.target_head.load_state_dict(head)
         elif head:
             raise ValueError(f"{d}: this run was trained with --target-weight; resume it with the same weight")
-        _restore_optimizer(self.opt, tensors, st["optimizer"])
+        restore_optimizer(self.opt, tensors, st["optimizer"])
         self.rng.bit_generator.state = st["rng"]
         self.step = int(st["step"])
         self.curves = st.get("curves", self.curves)
@@ -543,7 +520,7 @@ class Trainer:
     def _write_curves(self) -> None:
         (self.out / "curves.json").write_text(json.dumps(self.curves, indent=1))
         try:
-            _plot_curves(self.curves, self.out / "curves.png")
+            plot_curves(self.curves, self.out / "curves.png")
         except Exception as exc:  # noqa: BLE001 - a plot never stops training
             self._say(f"(curves.png not written: {exc})")
 
@@ -559,59 +536,3 @@ def _jsonable(x):
     if isinstance(x, (np.integer,)):
         return int(x)
     return x
-
-
-def _flatten_optimizer(opt) -> tuple[dict, dict]:
-    sd = opt.state_dict()
-    tensors, meta = {}, {"param_groups": sd["param_groups"], "state": {}}
-    for pid, st in sd["state"].items():
-        meta["state"][str(pid)] = []
-        for k, v in st.items():
-            t = v if torch.is_tensor(v) else torch.tensor(v)
-            tensors[f"opt.{pid}.{k}"] = t.detach().cpu().contiguous()
-            meta["state"][str(pid)].append(k)
-    return tensors, meta
-
-
-def _restore_optimizer(opt, tensors: dict, meta: dict) -> None:
-    state = {int(pid): {k: tensors[f"opt.{pid}.{k}"] for k in keys} for pid, keys in meta["state"].items()}
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
-def _plot_curves(curves: dict, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    tr, va = curves.get("train", []), curves.get("val", [])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    if tr:
-        s = [r["step"] for r in tr]
-        axes[0].plot(s, [r["fm"] for r in tr], label="train flow matching")
-        axes[1].plot(s, [r["ce"] for r in tr], label="train text CE")
-        axes[2].plot(s, [r["lr"] for r in tr], label="learning rate")
-    if va:
-        s = [r["step"] for r in va]
-        axes[0].plot(s, [r["fm"] for r in va], "o-", label="validation")
-        for g, style in zip(GROUPS, ("^--", "v--")):
-            pts = [(r["step"], r["fm_" + g]) for r in va if "fm_" + g in r]
-            if pts:
-                axes[0].plot(*zip(*pts), style, label=f"validation, {g} frames")
-        axes[1].plot(s, [r["ce"] for r in va], "o-", label="validation")
-    ev = curves.get("eval", [])
-    if ev:
-        ax = axes[2].twinx()
-        ax.plot([r["step"] for r in ev], [100 * r.get("success", 0) for r in ev], "s-", color="green",
-                label="closed-loop success %")
-        ax.set_ylim(-5, 105)
-        ax.legend(loc="lower right", fontsize=7)
-    for ax, yl in zip(axes, ("loss", "loss", "lr")):
-        ax.set_xlabel("step")
-        ax.set_ylabel(yl)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
