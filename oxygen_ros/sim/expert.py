@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ik import ArmIK, _rotvec, down_rotation, gripper_frame
-from .scene import ARMS, CONTROL_DT, CUBE_HALF, START_POSE, AlohaScene
+from .scene import ARM_OFFSET, ARMS, CONTROL_DT, CUBE_HALF, START_POSE, AlohaScene
 from .tasks import TaskSpec
 
 __all__ = ["Expert", "ExpertEngine", "Goal", "ArmState", "World", "Perturbation"]
@@ -180,7 +180,7 @@ class Expert:
         contacts = sim.contacts()
         g = sim.cube_geom[i]
         arms = {}
-        for a, off in (("left", 0), ("right", 7)):
+        for a, off in ARM_OFFSET.items():
             q = state[off:off + 6].copy()
             p, R = self.ik[a].forward(q)
             fl, fr = sim.finger_geoms[a]
@@ -319,7 +319,7 @@ class Expert:
         self.last_phases = {a: g.phase for a, g in goals.items()}
         for i in range(skip + horizon):
             self._advance(w, goals, dt)
-            for a, off in (("left", 0), ("right", 7)):
+            for a, off in ARM_OFFSET.items():
                 g = goals[a]
                 if g.q is not None:                             # joint-space goal: bounded joint speed
                     step = np.clip(g.q - q[a], -JOINT_SPEED * dt, JOINT_SPEED * dt)

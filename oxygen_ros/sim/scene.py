@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["JOINTS", "CAMERAS", "COLOURS", "CUBE_HALF", "MAX_CUBES", "CONTROL_DT", "START_POSE", "Cube", "SceneSpec",
+__all__ = ["JOINTS", "ARMS", "ARM_JOINTS", "ARM_OFFSET", "CAMERAS", "COLOURS", "CUBE_HALF", "MAX_CUBES", "CONTROL_DT", "START_POSE", "Cube", "SceneSpec",
            "AlohaScene", "aloha_assets", "gripper_to_finger", "finger_to_gripper"]
 
 # The 14-dim state / action layout (gym_aloha.constants.JOINTS, repeated here so the robot interface is readable in
@@ -37,6 +37,8 @@ JOINTS = ("left_arm_waist", "left_arm_shoulder", "left_arm_elbow", "left_arm_for
           "right_arm_waist", "right_arm_shoulder", "right_arm_elbow", "right_arm_forearm_roll",
           "right_arm_wrist_angle", "right_arm_wrist_rotate", "right_arm_gripper")
 ARMS = ("left", "right")
+ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")   # per arm, in JOINTS' order
+ARM_OFFSET = {"left": 0, "right": 7}                     # where each arm's six joints start in JOINTS (its gripper: + 6)
 CAMERAS = ("top", "left_wrist", "right_wrist")          # = the node's camera slots base, left wrist, right wrist
 COLOURS = {"red": (0.85, 0.12, 0.10), "green": (0.10, 0.65, 0.15), "blue": (0.12, 0.25, 0.90),
            "yellow": (0.95, 0.80, 0.10)}
@@ -134,11 +136,9 @@ class AlohaScene:
         self.finger_geoms = {a: (m.geom(f"vx300s_{a}/10_left_gripper_finger").id,
                                  m.geom(f"vx300s_{a}/10_right_gripper_finger").id) for a in ARMS}
         self.grip_site = {a: m.site(f"{a}_grip").id for a in ARMS}
-        self.arm_qpos = {a: np.array([m.jnt_qposadr[m.joint(f"vx300s_{a}/{j}").id] for j in
-                                      ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")])
+        self.arm_qpos = {a: np.array([m.jnt_qposadr[m.joint(f"vx300s_{a}/{j}").id] for j in ARM_JOINTS])
                          for a in ARMS}
-        self.arm_dofs = {a: np.array([m.jnt_dofadr[m.joint(f"vx300s_{a}/{j}").id] for j in
-                                      ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")])
+        self.arm_dofs = {a: np.array([m.jnt_dofadr[m.joint(f"vx300s_{a}/{j}").id] for j in ARM_JOINTS])
                          for a in ARMS}
         self.finger_qpos = {a: m.jnt_qposadr[m.joint(f"vx300s_{a}/left_finger").id] for a in ARMS}
         self.arm_base = {a: np.array(m.body(f"vx300s_{a}").pos) for a in ARMS}
@@ -233,7 +233,7 @@ class AlohaScene:
         """The 14-dim measured state: joint angles and normalised gripper openings."""
         q = self.data.qpos
         out = np.empty(14)
-        for a, off in (("left", 0), ("right", 7)):
+        for a, off in ARM_OFFSET.items():
             out[off:off + 6] = q[self.arm_qpos[a]]
             out[off + 6] = finger_to_gripper(q[self.finger_qpos[a]])
         return out

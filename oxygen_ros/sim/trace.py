@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .expert import MEET, Expert
-from .scene import CONTROL_DT, AlohaScene
+from .scene import ARM_OFFSET, CONTROL_DT, AlohaScene
 from .tasks import TaskSpec
 
 __all__ = ["MILESTONES", "STALL_S", "STILL_RAD_S", "EpisodeTracer", "plot_traces"]
@@ -79,7 +79,7 @@ class EpisodeTracer:
         arm = self.spec.arm
         if self.spec.task == "transfer" and w.lifted:
             arm = "left"
-        off = 0 if arm == "left" else 7
+        off = ARM_OFFSET[arm]
         v = 0.0 if self._prev is None else float(np.abs(state[off:off + 6] - self._prev[off:off + 6]).max()) / CONTROL_DT
         self._prev = state
         self.success = self.success or bool(monitor.success)

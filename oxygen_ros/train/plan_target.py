@@ -29,9 +29,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["ArmKinematics", "PlanTarget"]
+from ..sim.scene import ARM_JOINTS, ARM_OFFSET
 
-ARM_OFFSETS = {"left": 0, "right": 7}          # where each arm's six joints start in the 14-dim state
+__all__ = ["ArmKinematics", "PlanTarget"]
 
 
 def _quat_to_mat(q) -> np.ndarray:
@@ -60,14 +60,13 @@ class ArmKinematics:
             scene = AlohaScene(camera_size=(8, 8))
             model = scene.model
             scene.close()
-        self.chains = {arm: self._chain(model, arm) for arm in ARM_OFFSETS}
+        self.chains = {arm: self._chain(model, arm) for arm in ARM_OFFSET}
 
     @staticmethod
     def _chain(m, arm: str) -> dict:
         """The bodies from the world to the arm's grip site: per body (pos [3], rot [3, 3], joints), joints as
         (state column, axis [3], anchor [3], qpos0); and the site's offset in its body."""
-        names = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
-        column = {int(m.joint(f"vx300s_{arm}/{j}").id): ARM_OFFSETS[arm] + i for i, j in enumerate(names)}
+        column = {int(m.joint(f"vx300s_{arm}/{j}").id): ARM_OFFSET[arm] + i for i, j in enumerate(ARM_JOINTS)}
         site = m.site(f"{arm}_grip")
         bodies, b = [], int(site.bodyid[0])
         while b != 0:
@@ -91,7 +90,7 @@ class ArmKinematics:
 
     def grip(self, q: torch.Tensor) -> torch.Tensor:
         """Grip site positions [..., 2, 3] (left, right; metres, world frame) for states ``q`` [..., >= 14]."""
-        return torch.stack([self._site(q, self.chains[arm]) for arm in ARM_OFFSETS], dim=-2)
+        return torch.stack([self._site(q, self.chains[arm]) for arm in ARM_OFFSET], dim=-2)
 
     @staticmethod
     def _site(q: torch.Tensor, chain: dict) -> torch.Tensor:
