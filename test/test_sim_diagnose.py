@@ -225,3 +225,21 @@ def test_copycat_plans_from_the_experts_mid_episode_state_with_its_own_and_anoth
         with pytest.raises(SystemExit) as e:
             diagnose.main(["--policy", "demo", "--copycat", bad, "--seeds", "0:1", "--out", str(tmp_path / "x")])
         assert e.value.code == 2
+
+
+def test_row_reads_the_planned_endpoint_that_many_rows_ahead(tmp_path):
+    """``--row N``: the endpoint is the chunk's row N, so policies of different horizons compare at one time ahead;
+    the expert then plans at least N rows.  The expert's reach moves at bounded speed toward the cube: its endpoint
+    10 rows ahead is short of its 20-row one, which is short of its 40-row one; row 20 equals the default (H = 20)."""
+    from oxygen_ros.tools.sim import diagnose
+    pytest.importorskip("mujoco")
+    seeds = range(3)
+    res = {r: diagnose.grounding("expert", "reach", seeds, camera_size=16, row=r) for r in (None, 10, 20, 40)}
+    plan = {r: np.array([x["planned"] for x in v["rows"]]) for r, v in res.items()}
+    assert np.allclose(plan[20], plan[None])
+    n = {r: np.linalg.norm(p, axis=1) for r, p in plan.items()}
+    assert (n[10] < n[20]).all() and (n[20] < n[40]).all(), n
+    assert res[40]["row"] == 40
+    with pytest.raises(SystemExit) as e:
+        diagnose.main(["--policy", "expert", "--row", "0", "--seeds", "0:1", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2

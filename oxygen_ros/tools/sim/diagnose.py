@@ -69,8 +69,10 @@ def _ask_locate(pol, spec, sim, first_obs) -> dict:
 
 
 def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str | None = None,
-              locate: bool = True, instruction_cell: str | None = None) -> dict:
-    """``instruction_cell``: for a policy trained with ``--locate-in-instruction``, the cell appended to each scene's
+              locate: bool = True, instruction_cell: str | None = None, row: int | None = None) -> dict:
+    """``row``: the planned endpoint is the chunk's row ``row`` (1-based; the expert then plans at least that many
+    rows), so that policies of different horizons compare at one time ahead; None: the chunk's last row.
+    ``instruction_cell``: for a policy trained with ``--locate-in-instruction``, the cell appended to each scene's
     instruction - "true" (the named cube's, ``sim.tasks.cube_locations``) or a fixed "row R column C" (a wrong one:
     does the plan follow the text?); None: the plain instruction."""
     from oxygen_ros.ros.lockstep import LanguageLoad, PipelinePolicy, sim_settings  # noqa: PLC0415
@@ -81,7 +83,7 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
 
     expert = policy == "expert"
     over = {"delta_action_mask": []} if expert else {"checkpoint": "" if policy == "random" else policy}
-    pol = PipelinePolicy(sim_settings(params, over), expert=expert, horizon=20)
+    pol = PipelinePolicy(sim_settings(params, over), expert=expert, horizon=max(20, row or 0))
     locate = locate and not expert                     # the scripted expert has no language
     sim = AlohaScene((camera_size, camera_size))
     ik = {a: ArmIK(sim, a) for a in ("left", "right")}
@@ -104,7 +106,8 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
                 rows.append({"seed": int(seed), "arm": spec.arm, "error": "no trajectory"})
                 continue
             tr = trs[-1]
-            last = dict(zip(tr.joint_names, tr.positions[-1]))
+            end_row = tr.positions[-1] if row is None else tr.positions[min(row, len(tr.positions)) - 1]
+            last = dict(zip(tr.joint_names, end_row))
             off = "left" if spec.arm == "left" else "right"
             q = np.array([last[n] for n in JOINTS if n.startswith(off) and not n.endswith("gripper")])
             end, _ = ik[spec.arm].forward(q)
@@ -118,7 +121,7 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
     ok = [r for r in rows if "planned" in r]
     stats = within_group_stats(np.array([r["planned"][:2] for r in ok]), np.array([r["true"][:2] for r in ok]),
                                [r["arm"] for r in ok]) if len(ok) > 2 else {}
-    return {"policy": policy, "task": task, "instruction_cell": instruction_cell, "scenes": len(rows),
+    return {"policy": policy, "task": task, "instruction_cell": instruction_cell, "row": row, "scenes": len(rows),
             "usable": len(ok), "stats": stats,
             "locate": _locate_stats(rows) if locate else None, "rows": rows}
 
@@ -187,6 +190,9 @@ def main(argv=None) -> int:
                     help="also: at the expert's state T seconds into each episode, the plan with that frame's own "
                          "images vs another scene's (tools/sim/copycat.py: does the plan follow the image or the "
                          "state?); model policies only")
+    ap.add_argument("--row", type=int, default=None, metavar="N",
+                    help="read the planned endpoint at the chunk's row N (1-based; the expert plans at least N rows): "
+                         "policies of different horizons compared at one time ahead (default: each chunk's last row)")
     ap.add_argument("--out", default=None, help="output folder (default out/sim_diagnose/<UTC time>)")
     o = ap.parse_args(argv)
     policies = o.policy or ["expert", "demo"]
@@ -205,13 +211,15 @@ def main(argv=None) -> int:
             ap.error(f"--instruction-cell must be true or 'row R column C', got {c!r}")
     if any(cells) and "expert" in policies:
         ap.error("--instruction-cell: model policies only (the expert reads no text)")
+    if o.row is not None and not 1 <= o.row <= 1000:
+        ap.error(f"--row must be 1..1000, got {o.row}")
     if o.copycat is not None and not 0 < o.copycat < float("inf"):      # NaN fails too
         ap.error("--copycat must be a finite time > 0 s")
     given = list(zip(names, policies))
     runs = [(n, p, c) for n, p in zip(names, policies) for c in cells]
     names = [n if c is None else f"{n} + {c}" for n, _, c in runs]
     results = [grounding(p, o.task, o.seeds, o.camera_size, o.params, locate=not o.no_locate and c is None,
-                         instruction_cell=c) for _, p, c in runs]
+                         instruction_cell=c, row=o.row) for _, p, c in runs]
     if o.copycat is not None:
         from .copycat import image_vs_state  # noqa: PLC0415
         for n, p in given:
@@ -223,8 +231,9 @@ def main(argv=None) -> int:
                 ap.error(str(exc))
             results += pair
             names += [f"{n} @{o.copycat:g}s, its image", f"{n} @{o.copycat:g}s, another scene's"]
+    at = "last row" if o.row is None else f"row {o.row}"
     lines = [f"grounding on {o.task}, scenes {o.seeds.start}:{o.seeds.stop} (within-arm Pearson r / slope of the "
-             "first chunk's planned endpoint displacement vs the named cube's offset)",
+             f"first chunk's planned endpoint ({at}) displacement vs the named cube's offset)",
              "locate: \"Where is the <named> cube?\" asked in the same scene, answered as a cell of 8 x 8 of the top "
              "image: exact / within one cell",
              f"{'policy':<48} {'x r':>7} {'x slope':>8} {'y r':>7} {'y slope':>8} {'locate':>7} {'<=1 cell':>8}"]
