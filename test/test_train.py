@@ -454,6 +454,17 @@ def test_a_state_noise_that_is_not_a_finite_non_negative_number_is_refused(bad, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("bad", ["0", "-1", "11"])
+def test_a_stop_after_outside_1_to_steps_is_refused(bad, tmp_path, capsys):
+    """``--stop-after N`` is ``Trainer.train(until=N)`` (test_resume_equals_an_uninterrupted_run checks that an
+    interrupted-then-resumed run equals an uninterrupted one); outside 1..--steps it is refused before anything runs."""
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--steps", "10", "--stop-after", bad])
+    assert e.value.code == 2 and "--stop-after must be 1..--steps (10)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("bad", ["0", "-5", "1001"])
 def test_a_horizon_outside_1_to_1000_rows_is_refused(bad, tmp_path, capsys):
     from oxygen_ros.tools.train import main

@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--init-vision", default=None, help="a pretrained vision tower (oxygen train-vision's "
                                                         "vision.safetensors or its folder) for a model built from scratch")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    ap.add_argument("--stop-after", type=int, default=None, metavar="N",
+                    help="stop after step N of --steps, as Ctrl-C would (checkpoint written; --resume continues on "
+                         "the same schedule, or with another --steps on a new one)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (split over torchrun processes)")
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -123,6 +126,8 @@ def main(argv=None) -> int:
 
     ap = _parser()
     a = ap.parse_args(argv)
+    if a.stop_after is not None and not 1 <= a.stop_after <= a.steps:
+        ap.error(f"--stop-after must be 1..--steps ({a.steps}), got {a.stop_after}")
     if a.horizon is not None and not 1 <= a.horizon <= 1000:
         ap.error(f"--horizon must be 1..1000 rows, got {a.horizon}")
     if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
@@ -161,7 +166,7 @@ def main(argv=None) -> int:
     except (DataError, ValueError, FileNotFoundError, ConfigureError) as exc:
         print(f"oxygen train: error: {exc}", file=sys.stderr)
         return 2
-    res = trainer.train()
+    res = trainer.train(until=a.stop_after)
     if trainer.rank == 0:
         print(f"trained to step {res['step']}; latest checkpoint: {res['latest']}")
     return 0
