@@ -27,7 +27,8 @@ from pathlib import Path  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["JOINTS", "ARMS", "ARM_JOINTS", "ARM_OFFSET", "CAMERAS", "COLOURS", "CUBE_HALF", "MAX_CUBES", "CONTROL_DT", "START_POSE", "Cube", "SceneSpec",
+__all__ = ["JOINTS", "ARMS", "ARM_JOINTS", "ARM_OFFSET", "CAMERAS", "COLOURS", "CUBE_HALF", "MAX_CUBES", "CONTROL_DT",
+           "START_POSE", "Cube", "SceneSpec",
            "AlohaScene", "aloha_assets", "gripper_to_finger", "finger_to_gripper"]
 
 # The 14-dim state / action layout (gym_aloha.constants.JOINTS, repeated here so the robot interface is readable in
@@ -37,8 +38,8 @@ JOINTS = ("left_arm_waist", "left_arm_shoulder", "left_arm_elbow", "left_arm_for
           "right_arm_waist", "right_arm_shoulder", "right_arm_elbow", "right_arm_forearm_roll",
           "right_arm_wrist_angle", "right_arm_wrist_rotate", "right_arm_gripper")
 ARMS = ("left", "right")
-ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")   # per arm, in JOINTS' order
-ARM_OFFSET = {"left": 0, "right": 7}                     # where each arm's six joints start in JOINTS (its gripper: + 6)
+ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")   # per arm, JOINTS' order
+ARM_OFFSET = {"left": 0, "right": 7}                     # where each arm's six joints start in JOINTS (gripper: + 6)
 CAMERAS = ("top", "left_wrist", "right_wrist")          # = the node's camera slots base, left wrist, right wrist
 COLOURS = {"red": (0.85, 0.12, 0.10), "green": (0.10, 0.65, 0.15), "blue": (0.12, 0.25, 0.90),
            "yellow": (0.95, 0.80, 0.10)}

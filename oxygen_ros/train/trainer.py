@@ -9,7 +9,7 @@ losses of ``losses.py`` and batches of ``batches.py``.  Determinism: one seeded 
 batch (rows, text targets) and one seeded torch generator draws every noise, time and augmentation; both are part of
 the checkpoint, so ``--resume`` continues exactly where an uninterrupted run would be.  Under ``torchrun`` each rank
 takes its slice of the same global batch and DDP (gloo on CPU, NCCL on CUDA) averages the gradients, so N processes
-compute the update one process computes on the whole batch.  ``device`` (``device.py``: ``resolve_device``): ``auto`` = CUDA when
+compute the update one process computes on the whole batch.  ``device`` (``device.py``): ``auto`` = CUDA when
 present (under torchrun ``cuda:LOCAL_RANK``), else the CPU; the model, optimiser state and every batch live there
 (batches are assembled on the host, pinned and copied without blocking), noise and times are still drawn on the
 host's generators (the same numbers on any device), bf16 autocast runs on the device's type, and DDP picks NCCL only
