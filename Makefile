@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg srv action oxygen_ros launch config scripts checkpoints -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: setup test demo bench ros-bench golden train-demo eval-demo clean
+.PHONY: setup test demo bench ros-bench golden train-demo train-candidate-h50 eval-demo clean
 setup: $(VENV)/.package-stamp $(if $(ROS_LAUNCH_WHEELS),$(VENV)/.launch-stamp)
 
 # Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
@@ -104,6 +104,29 @@ train-demo: setup
 		$(PY) -m oxygen_ros.train.export $(RUN)/r$$r $(RUN)/policy_r$$r; \
 	done
 	@echo "trained: $(RUN)/policy_r$(DAGGER_ROUNDS) (evaluate: oxygen sim-eval --policy $(RUN)/policy_r$(DAGGER_ROUNDS) ...)"
+
+# checkpoints/candidate_h50 (the card's stages 8 and 9) from the shipped checkpoint: p1 and p2 with the plan
+# target on round 0's data (p2's first leg stopped after step 500 of 1,500, then resumed on a 1,000-step schedule, as
+# it was run), round 0 recorded again with 50-row expert labels, and p2 fine-tuned to H = 50.  ~40 + 13 + 16 min of
+# training, 47 min of recording and 62 min of training on the 2-core AVX2 VM (fp32); round 0's data as train-demo
+# records it ($(DATA)/r0_clean, $(DATA)/r0_noisy; the card's run split the noisy seeds into two bags).
+CAND_ARGS = --lr 2e-4 --warmup 50 --focus start=4 $(TRAIN_ARGS)
+train-candidate-h50: setup
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p1 --init checkpoints/demo --steps 1500 \
+		--plan-weight 0.3 $(CAND_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN)/p1 $(RUN)/policy_p1
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p2 --init $(RUN)/policy_p1 --steps 1500 \
+		--stop-after 500 --plan-weight 1.0 --target-weight 1.0 --target-within 0.3 $(CAND_ARGS) --ckpt-every 500
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p2 --resume --steps 1000 \
+		--plan-weight 1.0 --target-weight 1.0 --target-within 0.3 $(CAND_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN)/p2 $(RUN)/policy_p2b
+	$(OXY) sim-record --out $(DATA)/r50_clean --seeds $(DEMO_SEEDS0) --horizon 50 --overwrite --quiet & \
+	$(OXY) sim-record --out $(DATA)/r50_noisy --seeds $(DEMO_SEEDS0_NOISY) --horizon 50 --noise $(DEMO_NOISE) \
+		--keep-failed --overwrite --quiet & wait
+	$(OXY) train $(DATA)/r50_clean $(DATA)/r50_noisy --out $(RUN)/h50 --init $(RUN)/policy_p2b --horizon 50 \
+		--steps 2000 --plan-weight 1.0 --target-weight 1.0 --target-within 0.3 $(CAND_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN)/h50 $(RUN)/policy_h50
+	@echo "trained: $(RUN)/policy_h50 (evaluate: oxygen sim-eval --policy $(RUN)/policy_h50 ...)"
 
 # The demo policy's evaluations on unseen seeds, recorded under bench/results/.
 # EVALS: any of main joins claim expert (bench/sim_evals.sh says what each is).

@@ -454,6 +454,17 @@ def test_a_state_noise_that_is_not_a_finite_non_negative_number_is_refused(bad, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flag", ["--steps", "--batch-size", "--ckpt-every", "--val-every", "--log-every"])
+def test_a_count_or_period_below_1_is_refused(flag, tmp_path, capsys):
+    """The periods are divisors in the training loop (0: a ZeroDivisionError traceback at the first step); zero
+    steps or a zero batch train nothing.  Each is refused before anything is read or written."""
+    from oxygen_ros.tools.train import main
+    with pytest.raises(SystemExit) as e:
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), flag, "0"])
+    assert e.value.code == 2 and f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("bad", ["0", "-1", "11"])
 def test_a_stop_after_outside_1_to_steps_is_refused(bad, tmp_path, capsys):
     """``--stop-after N`` is ``Trainer.train(until=N)`` (test_resume_equals_an_uninterrupted_run checks that an
@@ -463,6 +474,10 @@ def test_a_stop_after_outside_1_to_steps_is_refused(bad, tmp_path, capsys):
         main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--steps", "10", "--stop-after", bad])
     assert e.value.code == 2 and "--stop-after must be 1..--steps (10)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as e:                       # it would stop between checkpoints
+        main([str(EPISODES_OLD), "--out", str(tmp_path / "run"), "--steps", "10", "--ckpt-every", "4",
+              "--stop-after", "6"])
+    assert e.value.code == 2 and "--stop-after must be a multiple of --ckpt-every (4)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "1001"])

@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                                                         "vision.safetensors or its folder) for a model built from scratch")
     ap.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     ap.add_argument("--stop-after", type=int, default=None, metavar="N",
-                    help="stop after step N of --steps, as Ctrl-C would (checkpoint written; --resume continues on "
-                         "the same schedule, or with another --steps on a new one)")
+                    help="stop after step N of --steps, as Ctrl-C would; N must be a multiple of --ckpt-every, so the "
+                         "run stops on a checkpoint (--resume continues on the same schedule, or with another --steps "
+                         "on a new one)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32, help="global batch (split over torchrun processes)")
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -126,8 +127,14 @@ def main(argv=None) -> int:
 
     ap = _parser()
     a = ap.parse_args(argv)
+    for flag in ("steps", "batch_size", "ckpt_every", "val_every", "log_every"):      # counts and periods
+        if getattr(a, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     if a.stop_after is not None and not 1 <= a.stop_after <= a.steps:
         ap.error(f"--stop-after must be 1..--steps ({a.steps}), got {a.stop_after}")
+    if a.stop_after is not None and a.stop_after % a.ckpt_every and a.stop_after != a.steps:
+        ap.error(f"--stop-after must be a multiple of --ckpt-every ({a.ckpt_every}): a run resumes from its last "
+                 f"checkpoint, got {a.stop_after}")
     if a.horizon is not None and not 1 <= a.horizon <= 1000:
         ap.error(f"--horizon must be 1..1000 rows, got {a.horizon}")
     if not 0 <= a.state_noise < float("inf"):                      # NaN fails too
