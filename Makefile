@@ -110,6 +110,8 @@ train-demo: setup
 # it was run), round 0 recorded again with 50-row expert labels, and p2 fine-tuned to H = 50.  ~40 + 13 + 16 min of
 # training, 47 min of recording and 62 min of training on the 2-core AVX2 VM (fp32); round 0's data as train-demo
 # records it ($(DATA)/r0_clean, $(DATA)/r0_noisy; the card's run split the noisy seeds into two bags).
+# p2's first leg ends with --ckpt-every 500: placed after $(CAND_ARGS) it wins over TRAIN_ARGS' 1000 (argparse keeps
+# the last), so that --stop-after 500 falls on a checkpoint (train refuses one that does not).
 CAND_ARGS = --lr 2e-4 --warmup 50 --focus start=4 $(TRAIN_ARGS)
 train-candidate-h50: setup
 	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p1 --init checkpoints/demo --steps 1500 \

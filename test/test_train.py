@@ -405,6 +405,21 @@ def test_init_with_another_horizon_fine_tunes_a_longer_plan(bags, tmp_path):
     assert json.loads((out / "config.json").read_text())["action_horizon"] == 3 * H
 
 
+def test_resume_with_another_horizon_is_refused_and_with_its_own_resumes(bags, tmp_path):
+    """``--resume --horizon H2`` on a run that plans H rows is refused before any step (it used to be ignored
+    silently: the run went on at H); the run's own horizon resumes."""
+    H = SMALL["action_horizon"]
+    first = _trainer(bags, tmp_path / "run", steps=4, ckpt_every=2, val_every=100)
+    first.setup()
+    first.train(until=2)
+    other = _trainer(bags, tmp_path / "run", steps=4, ckpt_every=2, val_every=100, resume=True, horizon=2 * H)
+    with pytest.raises(ValueError, match=f"plans {H} rows, not --horizon {2 * H}"):
+        other.setup()
+    same = _trainer(bags, tmp_path / "run", steps=4, ckpt_every=2, val_every=100, resume=True, horizon=H)
+    same.setup()
+    assert same.step == 2 and same.cfg.action_horizon == H
+
+
 def test_locate_in_instruction_writes_each_frames_cell_and_refuses_bags_without_it(bags, tmp_path):
     """``--locate-in-instruction`` (issue 26's localisation experiment): every frame's action prompt carries the
     named cube's cell from that frame's own text target; a bag without such targets fails before training."""

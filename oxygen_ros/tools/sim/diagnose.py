@@ -78,7 +78,7 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
     from oxygen_ros.ros.lockstep import LanguageLoad, PipelinePolicy, sim_settings  # noqa: PLC0415
     from oxygen_ros.sim.episode import SimObservation  # noqa: PLC0415
     from oxygen_ros.sim.ik import ArmIK  # noqa: PLC0415
-    from oxygen_ros.sim.scene import JOINTS, AlohaScene  # noqa: PLC0415
+    from oxygen_ros.sim.scene import ARM_JOINTS, ARM_OFFSET, JOINTS, AlohaScene  # noqa: PLC0415
     from oxygen_ros.sim.tasks import cube_locations, draw_task, locate_question, located_instruction  # noqa: PLC0415
 
     expert = policy == "expert"
@@ -108,8 +108,8 @@ def grounding(policy: str, task: str, seeds, camera_size: int = 96, params: str 
             tr = trs[-1]
             end_row = tr.positions[-1] if row is None else tr.positions[min(row, len(tr.positions)) - 1]
             last = dict(zip(tr.joint_names, end_row))
-            off = "left" if spec.arm == "left" else "right"
-            q = np.array([last[n] for n in JOINTS if n.startswith(off) and not n.endswith("gripper")])
+            off = ARM_OFFSET[spec.arm]                  # the named arm's six joints, in the IK's order
+            q = np.array([last[JOINTS[off + i]] for i in range(len(ARM_JOINTS))])
             end, _ = ik[spec.arm].forward(q)
             start = sim.grip_pos(spec.arm)
             cube = sim.cube_pos(spec.target_index)
