@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PKG_SOURCES := setup.py CMakeLists.txt package.xml $(shell find msg srv action oxygen_ros launch config scripts checkpoints -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: setup test demo bench ros-bench golden train-demo train-candidate-h50 eval-demo clean
+.PHONY: setup test demo bench ros-bench golden train-demo train-base train-h50 eval-demo clean
 setup: $(VENV)/.package-stamp $(if $(ROS_LAUNCH_WHEELS),$(VENV)/.launch-stamp)
 
 # Pinned dependencies (requirements.txt) and the ROS message build tools (requirements-build.txt).
@@ -59,18 +59,26 @@ bench: setup
 ros-bench: setup
 	$(VENV)/bin/oxygen ros-bench $(BENCH_ARGS)
 
-# A demo policy from scratch: expert demonstrations labelled by the state-driven expert (round 0: clean +
-# DART-perturbed, two recorders in parallel), a vision tower pretrained to locate the cubes (oxygen train-vision,
-# ~4 min), a policy trained on them from that tower in two stages (DEMO_STEPS0 at lr 4e-4, then DEMO_STEPS0B more
-# from that export at lr 2e-4: validation loss was still falling) -> $(RUN)/policy_r0, the shipped checkpoints/demo
-# (recording ~14 min + vision 4 min + training 47 + 31 min on a 2-core VM; its card).  Then DAGGER_ROUNDS rounds
-# of DAgger (the current policy drives, the expert labels every frame it visits, the policy is fine-tuned on
-# everything so far) -> $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured (its card) made
-# the policy worse (reach 31 % -> 8 %).  Seeds 100000 and up (evaluation: 0-99).  Ship a result by copying it
-# to checkpoints/demo once `bench/sim_evals.sh main` shows it better.  --bf16 auto: bf16 autocast where the CPU / GPU
-# computes bf16 natively (the VM the card's times come from: avx512_bf16), fp32 elsewhere (emulated bf16: >3x slower).
+# The shipped demo policy (checkpoints/demo) from scratch, in two parts run one after the other (each its own target;
+# the card, checkpoints/demo/README.md, has every stage's numbers).  Seeds 100000 and up (evaluation: 0-99).  Ship a
+# result by copying it to checkpoints/demo once `bench/sim_evals.sh main` shows it better.  --bf16 auto: bf16 autocast
+# where the CPU / GPU computes bf16 natively, fp32 elsewhere (emulated bf16: >3x slower).
+#
+# train-base: expert demonstrations labelled by the state-driven expert (round 0: clean + DART-perturbed, two
+# recorders in parallel), a vision tower pretrained to locate the cubes (oxygen train-vision, ~4 min), a policy
+# trained on them from that tower in two stages (DEMO_STEPS0 at lr 4e-4, then DEMO_STEPS0B more at lr 2e-4) ->
+# $(RUN)/policy_r0, H = 20 (the card's stages 1-2, ~1.6 h on a 2-core VM).  Then DAGGER_ROUNDS rounds of DAgger (the
+# current policy drives, the expert labels every frame it visits, the policy is fine-tuned on everything so far) ->
+# $(RUN)/policy_r$(DAGGER_ROUNDS).  Default 0 rounds: one round measured made the policy worse (reach 31 % -> 8 %).
+#
+# train-h50: from BASE (default $(RUN)/policy_r0): p1 and p2 with the plan target on round 0's data (p2's first leg
+# stopped after step 500 of 1,500, then resumed on a 1,000-step schedule, as it was run), round 0 recorded again with
+# 50-row expert labels, BASE's successor fine-tuned to H = 50 for 2,000 steps (h50) and 2,000 more at half the
+# learning rate (h50b) -> $(RUN)/policy_h50b, the shipped checkpoint (the card's stages 8-10).  ~40 + 13 + 16 min of
+# training, 47 min of recording and 2 x 62 min of training on the 2-core AVX2 VM (fp32).
 DATA ?= data
 RUN ?= runs/demo
+BASE ?= $(RUN)/policy_r0
 OXY = $(VENV)/bin/oxygen
 DEMO_SEEDS0 ?= 100000:100200
 DEMO_SEEDS0_NOISY ?= 100200:100400
@@ -83,6 +91,9 @@ DAGGER_ROUNDS ?= 0
 TRAIN_ARGS ?= --preset demo --batch-size 32 --text-weight 1.0 --bf16 auto --compile --threads 2 --val-fraction 0.03 \
 	--ckpt-every 1000 --val-every 500 --log-every 50
 train-demo: setup
+	$(MAKE) train-base
+	$(MAKE) train-h50
+train-base: setup
 	$(OXY) sim-record --out $(DATA)/r0_clean --seeds $(DEMO_SEEDS0) --overwrite --quiet & \
 	$(OXY) sim-record --out $(DATA)/r0_noisy --seeds $(DEMO_SEEDS0_NOISY) --noise $(DEMO_NOISE) --keep-failed \
 		--overwrite --quiet & wait
@@ -105,16 +116,11 @@ train-demo: setup
 	done
 	@echo "trained: $(RUN)/policy_r$(DAGGER_ROUNDS) (evaluate: oxygen sim-eval --policy $(RUN)/policy_r$(DAGGER_ROUNDS) ...)"
 
-# checkpoints/candidate_h50 (the card's stages 8 and 9) from the shipped checkpoint: p1 and p2 with the plan
-# target on round 0's data (p2's first leg stopped after step 500 of 1,500, then resumed on a 1,000-step schedule, as
-# it was run), round 0 recorded again with 50-row expert labels, and p2 fine-tuned to H = 50.  ~40 + 13 + 16 min of
-# training, 47 min of recording and 62 min of training on the 2-core AVX2 VM (fp32); round 0's data as train-demo
-# records it ($(DATA)/r0_clean, $(DATA)/r0_noisy; the card's run split the noisy seeds into two bags).
 # p2's first leg ends with --ckpt-every 500: placed after $(CAND_ARGS) it wins over TRAIN_ARGS' 1000 (argparse keeps
 # the last), so that --stop-after 500 falls on a checkpoint (train refuses one that does not).
 CAND_ARGS = --lr 2e-4 --warmup 50 --focus start=4 $(TRAIN_ARGS)
-train-candidate-h50: setup
-	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p1 --init checkpoints/demo --steps 1500 \
+train-h50: setup
+	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p1 --init $(BASE) --steps 1500 \
 		--plan-weight 0.3 $(CAND_ARGS)
 	$(PY) -m oxygen_ros.train.export $(RUN)/p1 $(RUN)/policy_p1
 	$(OXY) train $(DATA)/r0_clean $(DATA)/r0_noisy --out $(RUN)/p2 --init $(RUN)/policy_p1 --steps 1500 \
@@ -128,7 +134,10 @@ train-candidate-h50: setup
 	$(OXY) train $(DATA)/r50_clean $(DATA)/r50_noisy --out $(RUN)/h50 --init $(RUN)/policy_p2b --horizon 50 \
 		--steps 2000 --plan-weight 1.0 --target-weight 1.0 --target-within 0.3 $(CAND_ARGS)
 	$(PY) -m oxygen_ros.train.export $(RUN)/h50 $(RUN)/policy_h50
-	@echo "trained: $(RUN)/policy_h50 (evaluate: oxygen sim-eval --policy $(RUN)/policy_h50 ...)"
+	$(OXY) train $(DATA)/r50_clean $(DATA)/r50_noisy --out $(RUN)/h50b --init $(RUN)/policy_h50 --steps 2000 \
+		--plan-weight 1.0 --target-weight 1.0 --target-within 0.3 --focus start=4 --lr 1e-4 --warmup 50 $(TRAIN_ARGS)
+	$(PY) -m oxygen_ros.train.export $(RUN)/h50b $(RUN)/policy_h50b
+	@echo "trained: $(RUN)/policy_h50b (evaluate: oxygen sim-eval --policy $(RUN)/policy_h50b ...)"
 
 # The demo policy's evaluations on unseen seeds, recorded under bench/results/.
 # EVALS: any of main joins claim expert (bench/sim_evals.sh says what each is).

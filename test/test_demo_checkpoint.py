@@ -6,8 +6,9 @@ Fixed, unseen seeds (training used seeds >= 100000, ``checkpoints/demo/README.md
 the run is deterministic.  Open loop on the expert's states the policy plans what the expert does; in closed loop the
 named gripper approaches the named cube and most scene questions are answered exactly (the ground truth is computed
 from the simulator's state at the frame the question was asked on).  The issue's closed-loop target (>= 2 of 3 reach
-episodes succeed) is not met by the shipped checkpoint (reach 39 % on seeds 0-99, 5 of 10 on seeds 0-9); the closed-loop
-test asserts at least 3 of those 10 (a floor below the measured 5 for float differences across CPUs), not "most"."""
+episodes succeed) is not met by the shipped checkpoint (reach 62 % on seeds 0-99 in the card's evaluation, 9 of 20 on
+seeds 0-19 with this test's lighter language load); the closed-loop test asserts at least 6 of those 20 (a floor below
+the measured 9 for float differences across CPUs), not "most"."""
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ from oxygen_ros.ros.engine_factory import resolve_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SEEDS = "0:10"          # unseen: training data uses seeds 100000 and up
-# the arm joints (not the two gripper columns 6 and 13): the policy never grasps in closed loop, and its gripper
-# columns (when to close) are what it fits worst
+SEEDS = "0:20"          # unseen: training data uses seeds 100000 and up
+# the arm joints (not the two gripper columns 6 and 13): the policy rarely grasps in closed loop (pick 8 %), and its
+# gripper columns (when to close) are what it fits worst
 ARM_JOINTS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]
 
 
@@ -97,8 +98,9 @@ def test_the_shipped_policy_agrees_with_the_expert_on_the_experts_states():
 
 def test_the_shipped_policy_approaches_the_named_cube_and_answers_in_closed_loop(tmp_path):
     """Closed loop on unseen seeds (the policy drives): on seeds 0-2 the named gripper ends the episode at most 0.75 x
-    its starting distance from the named cube (random weights flail away from it); through ``oxygen sim-eval`` on seeds
-    0-9 at least 3 of 10 reach episodes succeed (measured: 5; random weights: 0 of 20) and over the scene questions
+    its starting distance from the named cube (measured 0.16 / 0.35 / 0.43; random weights flail away from it); through
+    ``oxygen sim-eval`` on seeds 0-19 at least 6 of 20 reach episodes succeed (measured: 9; random weights: 0 of 20;
+    the base policy shipped before 2026-12-07: 5 of seeds 0-9) and over the scene questions
     asked during them at least half are answered exactly.  Issue 26's target (most episodes succeed) is NOT met by
     this checkpoint: see checkpoints/demo/README.md for the measured rates."""
     from oxygen_ros.ros.lockstep import PipelinePolicy, sim_settings
@@ -116,10 +118,10 @@ def test_the_shipped_policy_approaches_the_named_cube_and_answers_in_closed_loop
                         "--no-video", "--quiet", "--out", str(out)])
     assert rc == 0
     eps = json.loads((out / "results.json").read_text())["episodes"]
-    assert len(eps) == 10 and not any(e.get("error") for e in eps), [e.get("error") for e in eps]
+    assert len(eps) == 20 and not any(e.get("error") for e in eps), [e.get("error") for e in eps]
     wins = sorted(e["seed"] for e in eps if e["success"])
-    assert len(wins) >= 3, f"reach succeeded on seeds {wins} of 0-9 (measured on 2026-12-05: 1, 3, 4, 5, 6)"
+    assert len(wins) >= 6, f"reach succeeded on seeds {wins} of 0-19 (measured 2026-12-07: 0, 4, 6, 7, 10, 14, 16-18)"
     answers = [a for e in eps for a in e["answers"]]
     right = [a for a in answers if a["ok"]]
-    assert len(answers) >= 30 and len(right) >= 0.5 * len(answers), \
+    assert len(answers) >= 60 and len(right) >= 0.5 * len(answers), \
         [(a["q"], a["a"], a["gt"]) for a in answers if not a["ok"]]
