@@ -170,10 +170,10 @@ class Trainer:
                 if (want.vision, want.vlm, want.expert) != (cfg.vision, cfg.vlm, cfg.expert):
                     raise ValueError(f"--init {init_dir}: its architecture ({cfg.name}) is not the preset "
                                      f"{o.preset!r}'s; drop --preset or pick the matching one")
-            if o.horizon and resume_dir and o.horizon != cfg.action_horizon:
-                raise ValueError(f"--resume: this run plans {cfg.action_horizon} rows, not --horizon {o.horizon}; "
-                                 "resume with the run's horizon, or start a new run with --init")
-            if o.horizon and not resume_dir and o.horizon != cfg.action_horizon:
+            if o.horizon and o.horizon != cfg.action_horizon:
+                if resume_dir:
+                    raise ValueError(f"--resume: this run plans {cfg.action_horizon} rows, not --horizon "
+                                     f"{o.horizon}; resume with the run's horizon, or start a new run with --init")
                 # no weight depends on H (the noise's rows are the action tokens): a longer plan is a fine-tune
                 self._say(f"horizon: {cfg.action_horizon} -> {o.horizon} rows (norm stats recomputed for it)")
                 cfg = cfg.replace(action_horizon=int(o.horizon))
