@@ -46,6 +46,9 @@ def test_realtime_grid_runs_each_engine_mode_as_its_own_cell(tmp_path, process_w
         assert a["answers"]["n"] >= 1, mode                      # a question every 0.5 sim s (pick lasts >= 2 s), scored
         assert 0.0 <= a["answers"]["exact"] <= 1.0
         assert a["memory"]["n"] >= 1, mode
+        lat, age = a["chunk_latency_ms"], a["chunk_obs_age_s"]          # each chunk's cost, from the node's messages
+        assert lat["n"] >= 1 and lat["n"] == age["n"] and lat["p50"] > 0.0, (mode, lat)
+        assert 0.0 <= age["p50"] <= age["p95"] < 60.0, (mode, age)
         logs = {who: list((tmp_path / "logs").glob(f"{c['name']}.{who}.log"))
                 for who in ("oxygen_node", "sim_node")}
         assert all(len(v) == 1 for v in logs.values()), logs     # the nodes' own logs, per cell

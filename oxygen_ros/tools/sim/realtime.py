@@ -76,6 +76,7 @@ class SimWatch:
             self.traj: list = []                   # trajectory stamps (sim ns)
             self.texts: dict = {}                  # frame stamp ns -> (answers dict, memory text)
             self.frames: dict = {}                 # engine frame index -> capture ns
+            self.chunk_meta: list = []             # (capture ns, inference ms, observation age s) per ActionChunk
             self.answers: list = []
             self.memories: list = []
             self.images: dict = {}                 # camera stamp ns -> [3 x rgb or None]
@@ -117,7 +118,9 @@ class SimWatch:
 
     def _on_chunk(self, m):
         with self.lock:
-            self.frames.setdefault(int(m.frame_index), self._ns(m.header.stamp))
+            t = self._ns(m.header.stamp)
+            self.frames.setdefault(int(m.frame_index), t)
+            self.chunk_meta.append((t, float(m.inference_latency_ms), float(m.observation_age_s)))
 
     def _on_answer(self, m):
         with self.lock:
@@ -227,6 +230,7 @@ class RealtimeCell:
             traj = [t for t in watch.traj if start_ns <= t <= end_ns]
             texts = dict(watch.texts)
             frames = dict(watch.frames)
+            meta = [(lat, age) for t, lat, age in watch.chunk_meta if start_ns <= t <= end_ns]
             answers, memories = list(watch.answers), list(watch.memories)
         res = EpisodeResult(spec, EpisodeConfig())
         res.success = bool(last.success)
@@ -249,5 +253,9 @@ class RealtimeCell:
         out = episode_measures(res, [e for e in log if e["frame_t"] is not None and e["frame_t"] >= 0],
                                watch.horizon)
         out["steps_recorded"] = len(steps)
+        # what each chunk cost before it was published: the engine's compute (frame -> chunk, wall ms) and the age of
+        # the observation it was planned from when it was sent (s of the node's clock, here sim time)
+        out["chunk_latency_ms"] = [round(lat, 2) for lat, _ in meta]
+        out["chunk_obs_age_s"] = [round(age, 4) for _, age in meta]
         out["real_time_factor"] = self.rtf
         return out

@@ -111,6 +111,11 @@ def aggregate(episodes: list[dict]) -> dict:
     out["sim_s"] = dur
     out["cycles_per_s"] = chunks / dur if dur else None
     out["action_hz"] = H * chunks / dur if dur else None
+    lat = [x for e in done for x in e.get("chunk_latency_ms", [])]       # realtime cells only (the node's chunks)
+    age = [x for e in done for x in e.get("chunk_obs_age_s", [])]
+    if lat:
+        out["chunk_latency_ms"] = {"n": len(lat), "p50": _pct(lat, 50), "p95": _pct(lat, 95)}
+        out["chunk_obs_age_s"] = {"n": len(age), "p50": _pct(age, 50), "p95": _pct(age, 95)}
     sj = [x for e in done for x in e["switch_jumps"]]
     ins = [x for e in done for x in e["inside_steps"]]
     p50s, p50i = _pct(sj, 50), _pct(ins, 50)
