@@ -49,6 +49,9 @@ def test_realtime_grid_runs_each_engine_mode_as_its_own_cell(tmp_path, process_w
         lat, age = a["chunk_latency_ms"], a["chunk_obs_age_s"]          # each chunk's cost, from the node's messages
         assert lat["n"] >= 1 and lat["n"] == age["n"] and lat["p50"] > 0.0, (mode, lat)
         assert 0.0 <= age["p50"] <= age["p95"] < 60.0, (mode, age)
+        mine = [e for e in eps if e["cell"] == c["name"]]     # one entry per chunk, not per re-sent message (+-1 at
+        assert abs(lat["n"] - sum(e["chunks"] for e in mine)) <= 2 * len(mine), (mode, lat)   # an episode's ends)
+        assert a["plan_age_s"]["n"] >= lat["n"] and a["plan_age_s"]["p50"] >= age["p50"], (mode, a["plan_age_s"])
         logs = {who: list((tmp_path / "logs").glob(f"{c['name']}.{who}.log"))
                 for who in ("oxygen_node", "sim_node")}
         assert all(len(v) == 1 for v in logs.values()), logs     # the nodes' own logs, per cell

@@ -176,11 +176,11 @@ def test_aggregate_pools_the_realtime_chunks_latency_and_observation_age_of_comp
     def ep(lat, age, error=""):
         return {"task": "reach", "seed": 0, "success": False, "success_time": None, "duration_s": 2.0, "chunks": 3,
                 "horizon": 5, "switch_jumps": [], "inside_steps": [], "answers": [], "memories": [], "rejected": {},
-                "error": error, "chunk_latency_ms": lat, "chunk_obs_age_s": age}
+                "error": error, "chunk_latency_ms": lat, "chunk_obs_age_s": age, "plan_age_s": age + age}
     a = aggregate([ep([100.0, 200.0], [0.1, 0.3]), ep([300.0], [0.2]), ep([9999.0], [9.0], error="boom")])
     assert a["chunk_latency_ms"]["n"] == 3 and a["chunk_latency_ms"]["p50"] == pytest.approx(200.0)
     assert a["chunk_obs_age_s"]["n"] == 3 and a["chunk_obs_age_s"]["p50"] == pytest.approx(0.2)
-    assert a["chunk_latency_ms"]["p95"] < 9999.0
+    assert a["chunk_latency_ms"]["p95"] < 9999.0 and a["plan_age_s"]["n"] == 6
     lockstep = {k: v for k, v in ep([], []).items() if not k.startswith("chunk_")}
     b = aggregate([lockstep])
-    assert "chunk_latency_ms" not in b and "chunk_obs_age_s" not in b
+    assert "chunk_latency_ms" not in b and "chunk_obs_age_s" not in b and "plan_age_s" not in b

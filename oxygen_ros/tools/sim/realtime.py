@@ -76,7 +76,9 @@ class SimWatch:
             self.traj: list = []                   # trajectory stamps (sim ns)
             self.texts: dict = {}                  # frame stamp ns -> (answers dict, memory text)
             self.frames: dict = {}                 # engine frame index -> capture ns
-            self.chunk_meta: list = []             # (capture ns, inference ms, observation age s) per ActionChunk
+            self.chunk_first: dict = {}            # chunk id -> (capture ns, inference ms, age s) at its first message
+            self.plan_ages: list = []              # (capture ns, age s) of every ActionChunk message (the node
+                                                   # re-sends the running chunk each control step)
             self.answers: list = []
             self.memories: list = []
             self.images: dict = {}                 # camera stamp ns -> [3 x rgb or None]
@@ -120,7 +122,9 @@ class SimWatch:
         with self.lock:
             t = self._ns(m.header.stamp)
             self.frames.setdefault(int(m.frame_index), t)
-            self.chunk_meta.append((t, float(m.inference_latency_ms), float(m.observation_age_s)))
+            age = float(m.observation_age_s)
+            self.chunk_first.setdefault(int(m.chunk_id), (t, float(m.inference_latency_ms), age))
+            self.plan_ages.append((t, age))
 
     def _on_answer(self, m):
         with self.lock:
@@ -230,7 +234,8 @@ class RealtimeCell:
             traj = [t for t in watch.traj if start_ns <= t <= end_ns]
             texts = dict(watch.texts)
             frames = dict(watch.frames)
-            meta = [(lat, age) for t, lat, age in watch.chunk_meta if start_ns <= t <= end_ns]
+            meta = [(lat, age) for t, lat, age in watch.chunk_first.values() if start_ns <= t <= end_ns]
+            plan_ages = [age for t, age in watch.plan_ages if start_ns <= t <= end_ns]
             answers, memories = list(watch.answers), list(watch.memories)
         res = EpisodeResult(spec, EpisodeConfig())
         res.success = bool(last.success)
@@ -253,9 +258,11 @@ class RealtimeCell:
         out = episode_measures(res, [e for e in log if e["frame_t"] is not None and e["frame_t"] >= 0],
                                watch.horizon)
         out["steps_recorded"] = len(steps)
-        # what each chunk cost before it was published: the engine's compute (frame -> chunk, wall ms) and the age of
-        # the observation it was planned from when it was sent (s of the node's clock, here sim time)
+        # what each chunk cost before it was first published: the engine's compute (frame -> chunk, wall ms) and the
+        # age of the observation it was planned from (s of the node's clock, here sim time); and how old the plan
+        # being executed was, over every re-sent message (a slower cycle runs each plan longer)
         out["chunk_latency_ms"] = [round(lat, 2) for lat, _ in meta]
         out["chunk_obs_age_s"] = [round(age, 4) for _, age in meta]
+        out["plan_age_s"] = [round(age, 4) for age in plan_ages]
         out["real_time_factor"] = self.rtf
         return out

@@ -116,6 +116,8 @@ def aggregate(episodes: list[dict]) -> dict:
     if lat:
         out["chunk_latency_ms"] = {"n": len(lat), "p50": _pct(lat, 50), "p95": _pct(lat, 95)}
         out["chunk_obs_age_s"] = {"n": len(age), "p50": _pct(age, 50), "p95": _pct(age, 95)}
+        plan = [x for e in done for x in e.get("plan_age_s", [])]
+        out["plan_age_s"] = {"n": len(plan), "p50": _pct(plan, 50), "p95": _pct(plan, 95)}
     sj = [x for e in done for x in e["switch_jumps"]]
     ins = [x for e in done for x in e["inside_steps"]]
     p50s, p50i = _pct(sj, 50), _pct(ins, 50)
