@@ -88,6 +88,10 @@ def _pct(xs, q):
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
+def _spread(xs) -> dict:
+    return {"n": len(xs), "p50": _pct(xs, 50), "p95": _pct(xs, 95)}
+
+
 def aggregate(episodes: list[dict]) -> dict:
     """Episodes of one cell -> per task success (Wilson), times, and cell-wide rates, smoothness, language."""
     out = {"tasks": {}}
@@ -111,13 +115,9 @@ def aggregate(episodes: list[dict]) -> dict:
     out["sim_s"] = dur
     out["cycles_per_s"] = chunks / dur if dur else None
     out["action_hz"] = H * chunks / dur if dur else None
-    lat = [x for e in done for x in e.get("chunk_latency_ms", [])]       # realtime cells only (the node's chunks)
-    age = [x for e in done for x in e.get("chunk_obs_age_s", [])]
-    if lat:
-        out["chunk_latency_ms"] = {"n": len(lat), "p50": _pct(lat, 50), "p95": _pct(lat, 95)}
-        out["chunk_obs_age_s"] = {"n": len(age), "p50": _pct(age, 50), "p95": _pct(age, 95)}
-        plan = [x for e in done for x in e.get("plan_age_s", [])]
-        out["plan_age_s"] = {"n": len(plan), "p50": _pct(plan, 50), "p95": _pct(plan, 95)}
+    if any(e.get("chunk_latency_ms") for e in done):          # realtime cells only (the node's ActionChunk messages)
+        for key in ("chunk_latency_ms", "chunk_obs_age_s", "plan_age_s"):
+            out[key] = _spread([x for e in done for x in e.get(key, [])])
     sj = [x for e in done for x in e["switch_jumps"]]
     ins = [x for e in done for x in e["inside_steps"]]
     p50s, p50i = _pct(sj, 50), _pct(ins, 50)
